@@ -1,0 +1,165 @@
+"""The engine contract: what a plugin provides and what the harness keeps for itself.
+
+An engine is discovered through the entry point group ``scoreboard.engines``; the entry point's name
+is the engine id used in ``reference.lock`` and in receipts. It provides:
+
+* ``describe(target)`` -> :class:`EngineIdentity` — cheap, GPU-free, deterministic: what would run.
+* ``prepare(target, cache_dir, progress)`` -> :class:`Prepared` — idempotent expensive work (fetch,
+  build, load weights) keyed by what it depends on; verifies identity afterwards.
+* ``logits(prepared, request)`` -> :class:`LogitsResult` — float32 ``[len(positions), vocab]`` for the
+  given token ids, through the same code path as the timed run, batch geometry pinned and echoed.
+* timed work, in one of two ways (``clock`` class attribute):
+
+  - ``clock = "harness"`` (every candidate): ``begin(prepared, workload)`` does the untimed part
+    (fills ``workload.depth`` tokens of real context, allocates) and returns a state;
+    ``step(prepared, state)`` does the timed part and returns the generated token ids;
+    ``synchronize(prepared)`` waits for the device. The harness reads the clock around
+    ``synchronize(); step(); synchronize()`` — an engine never reports its own time.
+  - ``clock = "reference-tool"`` (the trusted, pinned reference only): ``timed(prepared, workload,
+    reps)`` runs the pinned tool (llama-bench) and returns raw per-rep nanoseconds; the harness
+    bounds them by its own wall clock.
+
+The harness, not the engine, owns warm-up, rep counts, interleaving, timeouts, statistics and
+sealing. Engine errors are :class:`scoreboard.errors.EngineError` (with a hint); transient ones
+(out of memory at load, device lost) are :class:`scoreboard.errors.TransientError`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Literal
+
+import numpy as np
+
+Phase = Literal["decode", "prefill"]
+Progress = Callable[[str, float | None], None]  # (message, fraction 0..1 or None)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Batch geometry: logits depend on it (LLAMACPP.md), so it is pinned and echoed back."""
+
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int = 0  # 0 = engine default; the engine echoes the value it used
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """What an engine needs to know about the round's target, resolved from the lock by the harness."""
+
+    target_id: str
+    model_path: Path  # first shard; the others sit beside it
+    shard_paths: tuple[Path, ...]
+    device: Literal["cpu", "cuda"]
+    geometry: Geometry
+    reference: Any = None  # lockfile.Reference for reference engines (source pin), else None
+    options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (e.g. faults)
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """Stamped into every receipt: enough to know exactly what ran."""
+
+    engine: str
+    version: str
+    source: dict[str, Any]  # git repo/ref/commit, sdist package/version/sha256, or package path+commit
+    build_flags: tuple[str, ...] = ()
+    compiler: str = ""
+    binaries: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["build_flags"] = list(self.build_flags)
+        return d
+
+
+@dataclass
+class Prepared:
+    """Result of prepare(): the identity verified after the expensive work, plus engine-private state."""
+
+    identity: EngineIdentity
+    handle: Any = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogitsRequest:
+    token_ids: tuple[int, ...]  # the whole sequence fed in order from position 0
+    positions: tuple[int, ...]  # which positions' next-token logits to return
+    geometry: Geometry
+
+
+@dataclass
+class LogitsResult:
+    logits: np.ndarray  # float32 [len(positions), vocab]
+    geometry: Geometry  # as actually used
+    command: list[str] = field(default_factory=list)  # exact command line, when a tool ran
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A timed workload. depth = tokens really in the cache before the timed part."""
+
+    phase: Phase
+    depth: int
+    n_tokens: int  # decode: tokens generated; prefill: prompt tokens ingested
+    prompt_ids: tuple[int, ...]  # len >= depth (+ n_tokens for prefill)
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("decode", "prefill"):
+            raise ValueError(f"phase must be decode or prefill, not {self.phase!r}")
+        if self.depth < 0 or self.n_tokens <= 0:
+            raise ValueError("depth must be >= 0 and n_tokens > 0")
+
+
+@dataclass
+class Rep:
+    """One timed repetition: raw nanoseconds, tokens processed, tokens generated (decode)."""
+
+    ns: int
+    n_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    clock: str = "harness"  # "harness" or "reference-tool"
+    command: list[str] = field(default_factory=list)
+
+
+class Engine(abc.ABC):
+    """Base class for engine plugins. Subclasses set ``name`` and ``clock``."""
+
+    name: ClassVar[str] = ""
+    clock: ClassVar[Literal["harness", "reference-tool"]] = "harness"
+
+    @abc.abstractmethod
+    def describe(self, target: EngineTarget) -> EngineIdentity: ...
+
+    @abc.abstractmethod
+    def prepare(self, target: EngineTarget, cache_dir: Path, progress: Progress | None = None) -> Prepared: ...
+
+    @abc.abstractmethod
+    def logits(self, prepared: Prepared, request: LogitsRequest) -> LogitsResult: ...
+
+    # harness-clocked engines
+    def begin(self, prepared: Prepared, workload: Workload) -> Any:
+        raise NotImplementedError(f"engine {self.name!r} is not harness-clocked")
+
+    def step(self, prepared: Prepared, state: Any) -> list[int]:
+        raise NotImplementedError(f"engine {self.name!r} is not harness-clocked")
+
+    def synchronize(self, prepared: Prepared) -> None:
+        return None
+
+    # reference-tool-clocked engines (trusted reference only)
+    def timed(self, prepared: Prepared, workload: Workload, reps: int) -> list[Rep]:
+        raise NotImplementedError(f"engine {self.name!r} is not reference-tool-clocked")
+
+    def close(self, prepared: Prepared) -> None:
+        return None

@@ -1,0 +1,441 @@
+"""reference.lock: typed models, the one loader, and the comment-preserving writer.
+
+Format history (``schema``):
+  1 — references / weights / nodes / targets / slots (this version).
+A lock with an unknown major schema is refused; the loader reports every problem at once, each with
+its path into the document (``targets.k3-mini-cpu.reference: unknown reference 'x'``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import tomlkit
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InputError, LockError
+from .slots import slot_name
+
+SCHEMA_MAJOR = 1
+DEFAULT_LOCK = "reference.lock"
+
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_sha(value: str, pattern: re.Pattern[str], what: str, allow_empty: bool = False) -> str:
+    if allow_empty and value == "":
+        return value
+    if not pattern.match(value):
+        n = 40 if pattern is _SHA1 else 64
+        raise ValueError(f"{what} must be {n} lowercase hex characters, got {len(value)}: {value!r}")
+    return value
+
+
+class GitReference(_Model):
+    kind: Literal["git"]
+    repo: str
+    ref: str
+    commit: str
+    base_commit: str
+    cmake_flags: tuple[str, ...] = ()
+
+    @field_validator("commit", "base_commit")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a git commit")
+
+    def identity(self) -> dict[str, str]:
+        return {"kind": "git", "repo": self.repo, "ref": self.ref, "commit": self.commit, "base_commit": self.base_commit}
+
+
+class SdistReference(_Model):
+    kind: Literal["pypi-sdist"]
+    package: str
+    version: str
+    sha256: str
+    subdir: str
+    upstream: str = ""  # informational, e.g. "ggml-org/llama.cpp@0c1e57098"
+    cmake_flags: tuple[str, ...] = ()
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        return _check_sha(v, _SHA256, "an sdist sha256")
+
+    def identity(self) -> dict[str, str]:
+        return {"kind": "pypi-sdist", "package": self.package, "version": self.version, "sha256": self.sha256,
+                "subdir": self.subdir}
+
+
+Reference = Annotated[Union[GitReference, SdistReference], Field(discriminator="kind")]
+
+
+class WeightFile(_Model):
+    path: str
+    size: int = Field(ge=0)  # bytes; 0 = not yet pinned
+    sha256: str = ""  # "" = not yet pinned
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        return _check_sha(v, _SHA256, "a shard sha256", allow_empty=True)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.sha256) and self.size > 0
+
+
+class Weights(_Model):
+    repo: str  # Hugging Face repo id, or "generated"
+    revision: str = ""  # 40-hex Hub commit; "" for generated or not yet pinned
+    spec: str = ""  # generated weights: the preset name
+    seed: int | None = None  # generated weights: the seed
+    quant: str = ""  # the quantization the files hold
+    files: tuple[WeightFile, ...] = Field(min_length=1)
+
+    @field_validator("revision")
+    @classmethod
+    def _rev(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a Hub revision", allow_empty=True)
+
+    @model_validator(mode="after")
+    def _generated(self) -> "Weights":
+        if self.repo == "generated" and (not self.spec or self.seed is None):
+            raise ValueError("generated weights need `spec` and `seed`")
+        return self
+
+    @property
+    def fully_pinned(self) -> bool:
+        hub_ok = self.repo == "generated" or bool(self.revision)
+        return hub_ok and all(f.pinned for f in self.files)
+
+
+class NodeClass(_Model):
+    """What makes two boxes comparable. Empty/None fields match anything."""
+
+    description: str = ""
+    gpu_model: str = ""  # substring of the reported GPU name, e.g. "H200"
+    gpu_count: int = Field(ge=0)
+    gpu_memory_gib: float = Field(default=0, ge=0)  # usable per device, for the fit check
+    cpu_arch: str = ""  # e.g. "x86_64"
+    min_cpu_cores: int = Field(default=1, ge=1)
+
+
+class Metric(_Model):
+    phase: Literal["decode", "prefill"]
+    depth: int = Field(ge=0)  # tokens in the cache before the timed part
+    n_tokens: int = Field(gt=0)  # decode: generated; prefill: prompt tokens
+    role: Literal["scored", "guard"]
+    unit: Literal["tok/s"] = "tok/s"
+    higher_is_better: bool = True
+
+    @property
+    def ctx(self) -> int:
+        """The slot's context axis: the depth for decode, the prompt length for prefill."""
+        return self.depth if self.phase == "decode" else self.depth + self.n_tokens
+
+
+class GatePolicy(_Model):
+    depths: tuple[int, ...] = Field(min_length=1)
+    rows_per_depth: int = Field(ge=1)
+    top1_min: float = Field(ge=0, le=1)
+    kl_max: float = Field(gt=0)  # nats, mean KL(ref||cand) per depth
+    kl_prefer: float = Field(gt=0)  # above this: pass, flagged
+    kl_p99_max: float = Field(gt=0)  # nats
+    ratchet_ratio: float = Field(default=2.0, gt=1)  # reject when KL > ratio x main's sealed KL ...
+    ratchet_floor: float = Field(default=0.0, ge=0)  # ... and KL above this absolute floor
+
+    @model_validator(mode="after")
+    def _bars(self) -> "GatePolicy":
+        if self.kl_prefer > self.kl_max:
+            raise ValueError(f"kl_prefer ({self.kl_prefer}) must not exceed kl_max ({self.kl_max})")
+        return self
+
+
+class TierPolicy(_Model):
+    buckets: dict[str, float]  # label -> minimum gain (fraction of frontier)
+    max_ci_width: float = Field(gt=0)  # CI of the ratio wider than this -> inconclusive
+    guard_tolerance: float = Field(ge=0, lt=1)  # guard may lose at most this fraction
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    bootstrap_resamples: int = Field(default=2000, ge=100)
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets(cls, v: dict[str, float]) -> dict[str, float]:
+        known = ["XS", "S", "M", "L", "XL"]
+        bad = [k for k in v if k not in known]
+        if bad:
+            raise ValueError(f"unknown tier label(s) {bad}; use {known}")
+        order = [v[k] for k in known if k in v]
+        if any(x <= 0 for x in order) or order != sorted(order) or len(set(order)) != len(order):
+            raise ValueError("bucket thresholds must be positive and strictly increasing XS < S < M < L < XL")
+        return v
+
+
+class SpeedPolicy(_Model):
+    warmup_reps: int = Field(ge=1)
+    reps: int = Field(ge=1)  # reps per arm per block
+    blocks: int = Field(ge=2)  # interleaved blocks (each a fresh engine process)
+    timeout_s: float = Field(gt=0)
+
+
+class FitPolicy(_Model):
+    scratch_gib: float = Field(ge=0)
+    plan: str = ""  # e.g. "expert-parallel: experts banded, attention replicated"
+    sharded_gib: float = Field(default=0, ge=0)  # weights split across ranks
+    replicated_gib: float = Field(default=0, ge=0)  # weights on every rank
+
+
+class Target(_Model):
+    description: str = ""
+    model: str  # model axis for slot names, e.g. "kimi-k3"
+    weights: str
+    quant: str
+    node: str
+    reference: str
+    reference_engine: str
+    candidate_engine: str
+    device: Literal["cpu", "cuda"]
+    geometry: dict[str, int]
+    metrics: tuple[Metric, ...] = Field(min_length=1)
+    gate: GatePolicy
+    tiers: TierPolicy
+    speed: SpeedPolicy
+    fit: FitPolicy | None = None
+
+    @field_validator("geometry")
+    @classmethod
+    def _geometry(cls, v: dict[str, int]) -> dict[str, int]:
+        need = {"n_ctx", "n_batch", "n_ubatch"}
+        missing = sorted(need - set(v))
+        if missing:
+            raise ValueError(f"geometry is missing {missing}")
+        extra = sorted(set(v) - need - {"n_threads"})
+        if extra:
+            raise ValueError(f"geometry has unknown key(s) {extra}")
+        return v
+
+    @model_validator(mode="after")
+    def _metrics(self) -> "Target":
+        scored = [m for m in self.metrics if m.role == "scored"]
+        if len(scored) != 1:
+            raise ValueError(f"exactly one metric must have role = 'scored', found {len(scored)}")
+        if scored[0].phase == "decode" and scored[0].depth not in self.gate.depths:
+            raise ValueError(f"gate.depths {list(self.gate.depths)} must include the scored depth {scored[0].depth}")
+        return self
+
+    @property
+    def scored(self) -> Metric:
+        return next(m for m in self.metrics if m.role == "scored")
+
+    @property
+    def guards(self) -> tuple[Metric, ...]:
+        return tuple(m for m in self.metrics if m.role == "guard")
+
+    def slot(self, engine: str, metric: Metric) -> str:
+        return slot_name(self.model, self.node, self.quant, engine, metric.phase, metric.ctx)
+
+
+class Slot(_Model):
+    value: float = Field(ge=0)  # 0 = not measured
+    unit: str = "tok/s"
+    kind: Literal["baseline", "frontier"]
+    reps: int = Field(default=0, ge=0)
+    round: str = ""  # round id of the sealed receipt that measured it
+    commit: str = ""  # candidate/reference commit measured
+    measured_at: str = ""  # ISO 8601 UTC
+
+    @model_validator(mode="after")
+    def _provenance(self) -> "Slot":
+        if self.value > 0 and not (self.round and self.commit and self.measured_at):
+            raise ValueError(f"a non-zero {self.kind} needs provenance: round, commit and measured_at")
+        return self
+
+
+class Lock(_Model):
+    schema_: int = Field(alias="schema")
+    references: dict[str, Reference] = Field(default_factory=dict)
+    weights: dict[str, Weights] = Field(default_factory=dict)
+    nodes: dict[str, NodeClass] = Field(default_factory=dict)
+    targets: dict[str, Target] = Field(default_factory=dict)
+    slots: dict[str, Slot] = Field(default_factory=dict)
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            import difflib
+
+            close = difflib.get_close_matches(name, self.targets, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"targets: {', '.join(sorted(self.targets))}"
+            raise InputError(f"unknown target {name!r} in the lock", hint)
+        return self.targets[name]
+
+    def expected_slots(self) -> dict[str, tuple[str, str, Metric]]:
+        """Every slot name the targets define: name -> (target id, engine, metric)."""
+        out: dict[str, tuple[str, str, Metric]] = {}
+        for tid, t in self.targets.items():
+            for m in t.metrics:
+                for engine in (t.reference_engine, t.candidate_engine):
+                    out[t.slot(engine, m)] = (tid, engine, m)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif p in ("GitReference", "SdistReference") or str(p) in ("git", "pypi-sdist"):
+            continue  # discriminator tag, not a document path
+        else:
+            parts.append(("." if parts else "") + ("schema" if p == "schema_" else str(p)))
+    return "".join(parts)
+
+
+def _pydantic_problems(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = _loc(err["loc"])
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if err["type"] == "missing":
+            msg = "required key is missing"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown key (remove it or check its spelling)"
+        elif err["type"] == "union_tag_invalid":
+            msg = f"unknown kind {err.get('input', {}).get('kind')!r}; use 'git' or 'pypi-sdist'" if isinstance(
+                err.get("input"), dict) else msg
+        out.append(f"{path}: {msg}" if path else msg)
+    return out
+
+
+def _cross_problems(lock: Lock) -> list[str]:
+    problems: list[str] = []
+    for tid, t in lock.targets.items():
+        base = f"targets.{tid}"
+        if t.reference not in lock.references:
+            problems.append(f"{base}.reference: unknown reference {t.reference!r}")
+        if t.weights not in lock.weights:
+            problems.append(f"{base}.weights: unknown weights {t.weights!r}")
+        if t.node not in lock.nodes:
+            problems.append(f"{base}.node: unknown node class {t.node!r}")
+        if t.reference_engine == t.candidate_engine:
+            problems.append(f"{base}.candidate_engine: must differ from reference_engine")
+    expected = lock.expected_slots()
+    seen: dict[str, str] = {}
+    for name, slot in lock.slots.items():
+        if name not in expected:
+            problems.append(f"slots.{name}: no target defines this slot (slot names are derived from "
+                            f"model/node/quant/engine/phase/ctx; see `scoreboard verify`)")
+            continue
+        tid, engine, _ = expected[name]
+        t = lock.targets[tid]
+        want = "baseline" if engine == t.reference_engine else "frontier"
+        if slot.kind != want:
+            problems.append(f"slots.{name}.kind: must be {want!r} for engine {engine!r}")
+        upper = name.upper()
+        if upper in seen:
+            problems.append(f"slots.{name}: duplicate slot (same name as slots.{seen[upper]})")
+        seen[upper] = name
+    return problems
+
+
+def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
+    """Parse and validate lock text; raise LockError listing every problem with its path."""
+    try:
+        doc = tomlkit.parse(text)
+    except Exception as exc:  # tomlkit raises its own ParseError subclasses (incl. duplicate keys)
+        raise LockError([f"not valid TOML: {exc}"], path) from exc
+    data = doc.unwrap()
+    schema = data.get("schema")
+    if schema is None:
+        raise LockError(["schema: required key is missing (add `schema = 1` at the top)"], path)
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise LockError([f"schema: must be an integer, got {schema!r}"], path)
+    if schema != SCHEMA_MAJOR:
+        raise LockError([f"schema: unknown major version {schema}; this scoreboard reads schema {SCHEMA_MAJOR}"],
+                        path, hint="upgrade scoreboard (`pip install -U scoreboard`) or use a lock of schema 1")
+    try:
+        lock = Lock.model_validate(data)
+    except ValidationError as exc:
+        raise LockError(_pydantic_problems(exc), path) from None
+    problems = _cross_problems(lock)
+    if problems:
+        raise LockError(problems, path)
+    return lock
+
+
+def load_lock(path: str | os.PathLike[str] = DEFAULT_LOCK) -> Lock:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: lock file not found", "run from the repository root or pass --lock PATH")
+    return parse_lock(p.read_text(encoding="utf-8"), str(p))
+
+
+def lock_digest(path: str | os.PathLike[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# writing (comment-preserving, atomic)
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory + fsync + rename: a crash leaves the old file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def update_lock(path: str | os.PathLike[str], edit) -> Lock:
+    """Apply `edit(doc)` to the tomlkit document, validate the result, and write it atomically.
+
+    Comments and layout are preserved; an invalid result is refused and the file is untouched.
+    """
+    p = Path(path)
+    doc = tomlkit.parse(p.read_text(encoding="utf-8"))
+    edit(doc)
+    text = tomlkit.dumps(doc)
+    lock = parse_lock(text, str(p))
+    atomic_write_text(p, text)
+    return lock
+
+
+def set_slot(doc: Any, name: str, values: dict[str, Any], comment: str | None = None) -> None:
+    """Set one slot's table in a tomlkit document (used by the frontier writer and pinning)."""
+    slots = doc.get("slots")
+    if slots is None:
+        slots = tomlkit.table(is_super_table=True)
+        doc["slots"] = slots
+    table = slots.get(name)
+    if table is None:
+        table = tomlkit.inline_table()
+        slots[name] = table
+    for k, v in values.items():
+        table[k] = v
+    if comment:
+        slots[name].comment(comment)

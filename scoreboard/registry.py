@@ -1,0 +1,65 @@
+"""Engine discovery: entry point group ``scoreboard.engines``, loaded lazily by name.
+
+Built-ins use the same path as third-party plugins. Tests inject engines with :func:`inject`, which
+adds entries to the same table the entry points fill.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from importlib.metadata import entry_points
+from typing import Callable
+
+from .engine import Engine
+from .errors import InputError
+
+GROUP = "scoreboard.engines"
+_injected: dict[str, Callable[[], Engine] | str] = {}
+
+
+def _table() -> dict[str, str | Callable[[], Engine]]:
+    table: dict[str, str | Callable[[], Engine]] = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    table.update(_injected)
+    return table
+
+
+def available() -> list[str]:
+    """Engine ids that can be loaded, sorted."""
+    return sorted(_table())
+
+
+def inject(name: str, factory: Callable[[], Engine] | str) -> None:
+    """Register an engine under `name` (a factory, or a "module:attr" spec) — used by tests."""
+    _injected[name] = factory
+
+
+def uninject(name: str) -> None:
+    _injected.pop(name, None)
+
+
+def load(name: str) -> Engine:
+    """Instantiate the engine registered as `name`; unknown names get a did-you-mean."""
+    table = _table()
+    if name not in table:
+        close = difflib.get_close_matches(name, table, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known engines: {', '.join(sorted(table)) or 'none'}"
+        raise InputError(f"unknown engine {name!r}", f"{hint} (engines register under entry point group {GROUP!r})")
+    spec = table[name]
+    if callable(spec):
+        engine = spec()
+    else:
+        module, _, attr = spec.partition(":")
+        try:
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except ImportError as exc:
+            raise InputError(
+                f"engine {name!r} could not be imported ({spec}): {exc}",
+                "install its extra, e.g. `pip install -e '.[sparkinfer]'`",
+            ) from exc
+        engine = obj()
+    if not isinstance(engine, Engine):
+        raise InputError(f"engine {name!r} ({spec}) is not a scoreboard.engine.Engine")
+    return engine
