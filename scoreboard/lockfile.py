@@ -321,18 +321,28 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
     return out
 
 
-def _cross_problems(lock: Lock) -> list[str]:
+def _name_problems(data: dict[str, Any]) -> list[str]:
+    """Cross-references between tables, checked on the raw document so they are reported together
+    with structural errors."""
     problems: list[str] = []
-    for tid, t in lock.targets.items():
+    targets = data.get("targets") if isinstance(data.get("targets"), dict) else {}
+    for tid, t in targets.items():
+        if not isinstance(t, dict):
+            continue
         base = f"targets.{tid}"
-        if t.reference not in lock.references:
-            problems.append(f"{base}.reference: unknown reference {t.reference!r}")
-        if t.weights not in lock.weights:
-            problems.append(f"{base}.weights: unknown weights {t.weights!r}")
-        if t.node not in lock.nodes:
-            problems.append(f"{base}.node: unknown node class {t.node!r}")
-        if t.reference_engine == t.candidate_engine:
+        for key, table, what in (("reference", "references", "reference"), ("weights", "weights", "weights"),
+                                 ("node", "nodes", "node class")):
+            value = t.get(key)
+            known = data.get(table) if isinstance(data.get(table), dict) else {}
+            if isinstance(value, str) and value not in known:
+                problems.append(f"{base}.{key}: unknown {what} {value!r}")
+        if t.get("reference_engine") is not None and t.get("reference_engine") == t.get("candidate_engine"):
             problems.append(f"{base}.candidate_engine: must differ from reference_engine")
+    return problems
+
+
+def _slot_problems(lock: Lock) -> list[str]:
+    problems: list[str] = []
     expected = lock.expected_slots()
     seen: dict[str, str] = {}
     for name, slot in lock.slots.items():
@@ -367,11 +377,12 @@ def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
     if schema != SCHEMA_MAJOR:
         raise LockError([f"schema: unknown major version {schema}; this scoreboard reads schema {SCHEMA_MAJOR}"],
                         path, hint="upgrade scoreboard (`pip install -U scoreboard`) or use a lock of schema 1")
+    names = _name_problems(data)
     try:
         lock = Lock.model_validate(data)
     except ValidationError as exc:
-        raise LockError(_pydantic_problems(exc), path) from None
-    problems = _cross_problems(lock)
+        raise LockError(_pydantic_problems(exc) + names, path) from None
+    problems = names or _slot_problems(lock)  # slot names derive from valid targets only
     if problems:
         raise LockError(problems, path)
     return lock

@@ -1,0 +1,1 @@
+"""Engine plugins shipped with scoreboard (llamacpp reference, sparkinfer candidate)."""

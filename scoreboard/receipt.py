@@ -1,0 +1,365 @@
+"""The receipt: versioned typed model of one round's record, and the arithmetic read back from it.
+
+Format history (``format_version``, major.minor; docs/receipt-format.md is the reference):
+  1.0 — first release: pins, environment, seed, gate per depth, raw per-rep speed samples,
+        verdict, aborted, provenance, commands, stage timings, seal {sha256, prev_ledger_sha256,
+        fields, algorithm, signature, public_key}.
+A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
+level still forbids unknown keys, so a minor may only add keys inside open sections).
+
+The verdict is its own section computed by code; provenance is a separate free-form section whose
+keys may never name a verdict field (LESSONS 26), and `add_provenance` is the only merge helper.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import statistics
+from datetime import datetime, timezone
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InputError
+
+FORMAT_VERSION = "1.0"
+FORMAT_MAJOR = 1
+
+VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
+ARMS = ("reference", "candidate", "main")
+_STAMP = "%Y-%m-%dT%H:%M:%SZ"
+_ROUND_ID = re.compile(r"^(\d{8}T\d{6}Z)-([A-Za-z0-9][A-Za-z0-9._-]*)-([0-9a-f]{8})$")
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    """A section other components may extend with keys of their own (kept on round-trip)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Side(_Closed):
+    """The candidate, or main when the candidate is a PR."""
+
+    engine: str
+    label: str  # "main" | a git rev | a path
+    commit: str  # 40 hex, or "" when not a git checkout
+    dirty: bool
+    is_main: bool
+    identity: dict[str, Any]  # EngineIdentity.as_dict()
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, v: str) -> str:
+        if v and not re.fullmatch(r"[0-9a-f]{40}", v):
+            raise ValueError(f"must be 40 lowercase hex characters or '', got {v!r}")
+        return v
+
+
+class ReferenceSide(_Closed):
+    engine: str
+    identity: dict[str, Any]
+
+
+class WeightFileRec(_Closed):
+    path: str
+    size: int = Field(ge=0)  # bytes
+    sha256: str
+
+
+class WeightsRec(_Closed):
+    id: str
+    files: list[WeightFileRec]
+    fully_pinned: bool
+
+
+class GateRec(_Open):
+    depths: list[dict[str, Any]]  # per depth {depth, rows, kl_mean, kl_p99, kl_max, top1, ..., pass}
+    pass_: bool = Field(alias="pass")
+    flagged: bool = False
+    reasons: list[str]
+
+
+class Block(_Open):
+    block: int = Field(ge=0)
+    samples_ns: list[int]  # per timed rep: harness wall-clock nanoseconds
+    n_tokens: list[int]  # per timed rep: tokens processed
+    wall_ns: int = Field(ge=0)
+    command: list[str]
+    token_ids: list[list[int]] | None = None  # candidate/main only: tokens generated per rep
+
+    @model_validator(mode="after")
+    def _samples(self) -> "Block":
+        if not self.samples_ns or len(self.samples_ns) != len(self.n_tokens):
+            raise ValueError(f"samples_ns ({len(self.samples_ns)}) and n_tokens ({len(self.n_tokens)}) must be "
+                             "non-empty and of equal length")
+        if min(self.samples_ns) <= 0 or min(self.n_tokens) <= 0:
+            raise ValueError("samples_ns and n_tokens must be positive")
+        return self
+
+
+class Arm(_Open):
+    blocks: list[Block] = Field(min_length=1)
+
+
+class SpeedMetric(_Open):
+    phase: Literal["decode", "prefill"]
+    depth: int = Field(ge=0)
+    n_tokens: int = Field(gt=0)
+    role: Literal["scored", "guard"]
+    slot: str  # the candidate's slot, from Target.slot (cross-checked when the frontier is written)
+    arms: dict[str, Arm]
+    timed_output_ok: bool
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, v: dict[str, Arm]) -> dict[str, Arm]:
+        unknown = sorted(set(v) - set(ARMS))
+        if unknown:
+            raise ValueError(f"unknown arm(s) {unknown}; arms are {list(ARMS)}")
+        missing = [a for a in ("reference", "candidate") if a not in v]
+        if missing:
+            raise ValueError(f"missing arm(s) {missing}")
+        return v
+
+
+class SpeedRec(_Open):
+    schedule: list[list[str]]  # per block, the arm order actually run
+    metrics: list[SpeedMetric] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_scored(self) -> "SpeedRec":
+        n = sum(m.role == "scored" for m in self.metrics)
+        if n != 1:
+            raise ValueError(f"exactly one metric must have role 'scored', found {n}")
+        return self
+
+
+class Verdict(_Open):
+    """Computed by scoreboard.tiers from the raw data; never copied from provenance."""
+
+    label: Literal[VERDICT_LABELS]  # type: ignore[valid-type]
+    gain: float | None = None  # (value - frontier) / frontier
+    gain_ci: list[float] | None = None  # [lo, hi]
+    basis: Literal["main-same-round", "frontier-slot", "none"] | None = None
+    frontier: float | None = None  # tok/s
+    value: float | None = None  # tok/s
+    speed_label: str | None = None
+    reasons: list[str]
+    explanation: str = ""
+    claim: bool = False
+
+
+class Aborted(_Closed):
+    stage: str
+    reason: str
+    transient: bool
+
+
+class Retry(_Closed):
+    stage: str
+    error: str
+    at: str
+
+
+class SealRec(_Closed):
+    sha256: str
+    prev_ledger_sha256: str
+    fields: dict[str, str] = Field(default_factory=dict)
+    algorithm: Literal["ed25519"] | None = None
+    signature: str | None = None
+    public_key: str | None = None
+
+
+# the keys provenance may never use, anywhere in its tree (LESSONS 26)
+VERDICT_KEYS = frozenset(Verdict.model_fields) | {"verdict", "pass", "tier", "status", "seal"}
+
+
+def _verdict_keys_in(obj: Any, path: str) -> list[str]:
+    hits: list[str] = []
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            p = f"{path}.{k}"
+            if k in VERDICT_KEYS:
+                hits.append(p)
+            hits.extend(_verdict_keys_in(v, p))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            hits.extend(_verdict_keys_in(v, f"{path}[{i}]"))
+    return hits
+
+
+class Receipt(_Closed):
+    format_version: str
+    round_id: str
+    created_at: str  # UTC, %Y-%m-%dT%H:%M:%SZ
+    status: Literal["verdict", "aborted"]
+    target: str
+    lock_sha256: str  # sha256 of reference.lock bytes at round start ("" if it could not be read)
+    lock_target: dict[str, Any] | None  # the target table as loaded (the policy actually used)
+    candidate: Side
+    main: Side | None
+    reference: ReferenceSide
+    weights: WeightsRec | None
+    environment: dict[str, Any]
+    seed: int
+    geometry: dict[str, int] | None
+    gate: GateRec | None
+    speed: SpeedRec | None
+    verdict: Verdict | None
+    aborted: Aborted | None
+    retries: list[Retry]
+    commands: list[list[str]]
+    stage_seconds: dict[str, float]
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    seal: SealRec | None = None
+
+    @field_validator("format_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        check_format_version(v)
+        return v
+
+    @field_validator("created_at")
+    @classmethod
+    def _created(cls, v: str) -> str:
+        try:
+            datetime.strptime(v, _STAMP)
+        except ValueError:
+            raise ValueError(f"must be UTC like 2026-11-29T14:15:00Z, got {v!r}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Receipt":
+        m = _ROUND_ID.match(self.round_id)
+        if not m:
+            raise ValueError(f"round_id {self.round_id!r} is not <YYYYMMDDTHHMMSSZ>-<target>-<8 hex>")
+        if m.group(2) != self.target:
+            raise ValueError(f"round_id names target {m.group(2)!r} but target is {self.target!r}")
+        if self.status == "verdict":
+            missing = [k for k in ("verdict", "gate", "lock_target", "weights") if getattr(self, k) is None]
+            if missing or self.aborted is not None:
+                raise ValueError(f"status 'verdict' needs {missing or 'verdict'} set and aborted null")
+            if not self.gate.pass_ and self.verdict.label != "REJECT":
+                raise ValueError(f"gate.pass is false but verdict.label is {self.verdict.label!r} (must be REJECT)")
+        elif self.aborted is None or self.verdict is not None:
+            raise ValueError("status 'aborted' needs aborted {stage, reason, transient} and verdict null")
+        if self.candidate.is_main and self.main is not None:
+            raise ValueError("main must be null when the candidate is main")
+        hits = _verdict_keys_in(self.provenance, "provenance")
+        if hits:
+            raise ValueError(f"provenance may not use verdict keys: {hits}")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+def check_format_version(v: Any) -> None:
+    m = re.fullmatch(r"(\d+)\.(\d+)", v) if isinstance(v, str) else None
+    if not m:
+        raise ValueError(f"format_version must be 'major.minor' like {FORMAT_VERSION!r}, got {v!r}")
+    if int(m.group(1)) != FORMAT_MAJOR:
+        raise ValueError(f"unknown major format_version {v!r}; this scoreboard reads {FORMAT_MAJOR}.x "
+                         "(upgrade scoreboard to read it)")
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not in receipt format 1.x; see docs/receipt-format.md)"
+        out.append(f"{path}: {msg}" if path else msg)
+    return out
+
+
+def validation_problems(data: Any) -> list[str]:
+    """Every problem with a receipt dict, each with its field path (empty = valid)."""
+    if not isinstance(data, Mapping):
+        return [f"<root>: a receipt is a JSON object, got {type(data).__name__}"]
+    try:
+        check_format_version(data.get("format_version"))
+    except ValueError as exc:
+        return [f"format_version: {exc}"]
+    try:
+        Receipt.model_validate(data)
+    except ValidationError as exc:
+        return _problems(exc)
+    return []
+
+
+def parse_receipt(data: Any, what: str = "receipt") -> Receipt:
+    """Validate a receipt dict; InputError lists every problem with its field path."""
+    problems = validation_problems(data)
+    if problems:
+        raise InputError(f"{what}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems),
+                         "see docs/receipt-format.md")
+    return Receipt.model_validate(data)
+
+
+def normalize(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The receipt dict as the model reads it (ints in float fields become floats; unset defaults
+    omitted). Sealing always happens on this form so that read -> validate -> dump is the identity."""
+    return parse_receipt(data).model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime(_STAMP)
+
+
+def new_round_id(target: str, created_at: str | None = None) -> str:
+    """`<UTC stamp>-<target>-<8 hex of random>`, e.g. 20261129T141500Z-k3-mini-cpu-3f9a1c2e."""
+    stamp = datetime.strptime(created_at or utc_now(), _STAMP).strftime("%Y%m%dT%H%M%SZ")
+    rid = f"{stamp}-{target}-{secrets.token_hex(4)}"
+    if not _ROUND_ID.match(rid) or os.sep in rid:
+        raise InputError(f"target {target!r} cannot form a round id (use letters, digits, '.', '_', '-')")
+    return rid
+
+
+def add_provenance(receipt: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `receipt` with `facts` merged into its ``provenance`` section.
+
+    Refuses any key that names a verdict field (anywhere in `facts`) and refuses sealed receipts.
+    """
+    if receipt.get("seal") is not None:
+        raise InputError("provenance cannot be added to a sealed receipt (it would break the seal)")
+    hits = _verdict_keys_in(facts, "provenance")
+    if hits:
+        raise InputError(f"provenance may not set verdict fields: {hits}",
+                         "verdict fields are computed by scoreboard.tiers from the raw samples")
+    out = dict(receipt)
+    out["provenance"] = {**dict(receipt.get("provenance") or {}), **facts}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# arithmetic read back from the raw samples (the one definition frontier and verify share)
+
+def rep_throughputs(block: Mapping[str, Any]) -> list[float]:
+    """tok/s per rep = n_tokens / (ns / 1e9), from raw harness nanoseconds."""
+    return [n / (ns / 1e9) for ns, n in zip(block["samples_ns"], block["n_tokens"])]
+
+
+def arm_value(metric: Mapping[str, Any], arm: str) -> float:
+    """Median over blocks of the per-block median rep throughput (tok/s)."""
+    blocks = metric["arms"][arm]["blocks"]
+    return float(statistics.median(statistics.median(rep_throughputs(b)) for b in blocks))
+
+
+def arm_reps(metric: Mapping[str, Any], arm: str) -> int:
+    """Timed reps (warm-ups excluded) across all blocks of one arm."""
+    return sum(len(b["samples_ns"]) for b in metric["arms"][arm]["blocks"])
+
+
+def scored_metric(receipt: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    speed = receipt.get("speed")
+    if not speed:
+        return None
+    return next((m for m in speed["metrics"] if m["role"] == "scored"), None)

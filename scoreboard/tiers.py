@@ -1,0 +1,457 @@
+"""The verdict: one deterministic function from gate result + speed evidence + lock policy to a label.
+
+Order (SPEC step 6; thresholds come from the lock's TierPolicy, never from code):
+  1. correctness failed (gate, or timed outputs differ from the checked run) -> REJECT, no speed numbers;
+  2. a guard failed -> REJECT, `speed_label` still says what the speed would have earned;
+  3. no frontier basis (<= 0) -> BASELINE;
+  4. CI of the gain wider than `max_ci_width` -> inconclusive (with the blocks to add);
+  5. CI lower bound > 0 and point gain >= the smallest bucket -> highest bucket <= gain; else none.
+
+gain = delta / frontier, delta = value - frontier (higher is better) or frontier - value (lower is
+better). Basis: main measured in the same round when the candidate is a PR (paired blocks, LESSONS 1);
+the frontier slot (a constant) when the candidate is main or main was not measured.
+Guard rule: a guard fails when the upper CI bound of its performance ratio (candidate/basis, inverted
+for lower-is-better) is below 1 - guard_tolerance, i.e. gain_ci high < -guard_tolerance: significantly
+worse than the tolerance, not merely noisy.
+Thresholds are inclusive; comparisons carry a 1e-12 slack so decimal inputs such as 98.80 x 1.02 =
+100.776 land on the bucket they name despite binary float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from pydantic import ValidationError
+
+from .errors import InputError
+from .lockfile import GatePolicy, Lock, Metric, Target, TierPolicy
+from .stats import ArmStats, RatioCI, arm_stats, block_value, ci_vs_constant, geometric_mean, paired_ratio_ci, \
+    suggest_blocks
+
+LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
+BUCKETS = ("XS", "S", "M", "L", "XL")
+BASES = ("main-same-round", "frontier-slot", "none")
+RECEIPT_MAJOR = "1"
+_EPS = 1e-12  # slack on fractional gains: float rounding only, far below any real threshold
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verdict section of a receipt (docs/receipt-format.md)."""
+
+    label: str  # one of LABELS
+    gain: float | None  # fraction of the frontier; None when no speed numbers count
+    gain_ci: tuple[float, float] | None  # (low, high) fractions; None for claims and REJECT-by-gate
+    basis: str  # one of BASES
+    frontier: float | None  # tok/s of the basis (main same-round geomean, or the slot); None: not used
+    value: float | None  # tok/s of the candidate (geomean of block values, or the claimed number)
+    speed_label: str | None  # the label the speed earned (also under a guard REJECT); None: no speed
+    reasons: tuple[str, ...]
+    explanation: str  # one paragraph, plain English, with the numbers
+    claim: bool = False  # True: claimed, not measured; never moves anything
+
+    @property
+    def compliant(self) -> bool:
+        return self.label != "REJECT"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "gain": self.gain,
+                "gain_ci": list(self.gain_ci) if self.gain_ci is not None else None,
+                "basis": self.basis, "frontier": self.frontier, "value": self.value,
+                "speed_label": self.speed_label, "reasons": list(self.reasons),
+                "explanation": self.explanation, "claim": self.claim}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One metric's speed evidence: the candidate's value against its basis."""
+
+    name: str  # e.g. "decode 128 tok @ depth 131072"
+    role: str  # "scored" | "guard"
+    higher_is_better: bool
+    value: float  # tok/s, candidate
+    basis: str  # one of BASES
+    frontier: float  # tok/s of the basis; 0 when basis == "none"
+    ratio: RatioCI | None  # candidate/basis; None when there is no basis or for a claim
+    unit: str = "tok/s"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def gain(self) -> float | None:
+        if self.frontier <= 0:
+            return None
+        if self.ratio is not None:
+            r = self.ratio.point
+        else:
+            r = self.value / self.frontier
+        return r - 1.0 if self.higher_is_better else 1.0 - r
+
+    @property
+    def gain_ci(self) -> tuple[float, float] | None:
+        if self.ratio is None or self.frontier <= 0:
+            return None
+        lo, hi = self.ratio.low, self.ratio.high
+        return (lo - 1.0, hi - 1.0) if self.higher_is_better else (1.0 - hi, 1.0 - lo)
+
+
+def metric_name(m: Metric) -> str:
+    return f"{m.phase} {m.n_tokens} tok @ depth {m.depth}"
+
+
+def evidence(metric: Metric, candidate_blocks: Sequence[float], policy: TierPolicy, seed: int,
+             main_blocks: Sequence[float] | None = None, frontier_slot: float = 0.0,
+             notes: Sequence[str] = ()) -> Evidence:
+    """Build a metric's evidence from block values (tok/s): paired vs main if given, else vs the slot."""
+    value = geometric_mean(candidate_blocks)
+    kw = dict(confidence=policy.confidence, resamples=policy.bootstrap_resamples, seed=seed)
+    name = metric_name(metric)
+    if main_blocks is not None:
+        ratio = paired_ratio_ci(candidate_blocks, main_blocks, **kw)
+        return Evidence(name, metric.role, metric.higher_is_better, value, "main-same-round",
+                        geometric_mean(main_blocks), ratio, metric.unit, tuple(notes))
+    if frontier_slot > 0:
+        ratio = ci_vs_constant(candidate_blocks, frontier_slot, **kw)
+        return Evidence(name, metric.role, metric.higher_is_better, value, "frontier-slot", float(frontier_slot),
+                        ratio, metric.unit, tuple(notes))
+    return Evidence(name, metric.role, metric.higher_is_better, value, "none", 0.0, None, metric.unit, tuple(notes))
+
+
+# ----------------------------------------------------------------------------------------------
+# the one decision function
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.2f}%"
+
+
+def _bucket(gain: float, buckets: Mapping[str, float]) -> str | None:
+    best = None
+    for name in BUCKETS:
+        if name in buckets and gain >= buckets[name] - _EPS:
+            best = name
+    return best
+
+
+def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
+    """The label the speed alone earns, with its reasons."""
+    if ev.basis == "none" or ev.frontier <= 0:
+        return "BASELINE", [f"{ev.name}: no frontier yet (slot is 0): this value becomes the first basis"]
+    g = ev.gain
+    ci = ev.gain_ci
+    lo, hi = ci if ci is not None else (g, g)
+    if ci is not None and hi - lo > policy.max_ci_width + _EPS:
+        n = ev.ratio.n_blocks
+        total = suggest_blocks(n, hi - lo, policy.max_ci_width)
+        return "inconclusive", [f"{ev.name}: CI width {(hi - lo) * 100:.2f} points > max_ci_width "
+                                f"{policy.max_ci_width * 100:.2f}; rerun with about {total} blocks "
+                                f"(add {total - n}) or on a quieter box"]
+    if not policy.buckets:
+        return "none", ["tier policy has no buckets"]
+    smallest_name = min(policy.buckets, key=policy.buckets.get)
+    smallest = policy.buckets[smallest_name]
+    if lo <= _EPS:
+        what = "the CI lower bound" if ci is not None else "the claimed gain"
+        return "none", [f"{ev.name}: {what} {_pct(lo)} is not above 0 (not significant)"]
+    if g < smallest - _EPS:
+        return "none", [f"{ev.name}: gain {_pct(g)} is below the smallest bucket {smallest_name} "
+                        f"({smallest * 100:.2f}%)"]
+    b = _bucket(g, policy.buckets)
+    return b, [f"{ev.name}: gain {_pct(g)} reaches {b} (>= {policy.buckets[b] * 100:.2f}%)"]
+
+
+def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[list[str], list[str]]:
+    """(failures, notes) for the guard metrics."""
+    fails: list[str] = []
+    notes: list[str] = []
+    tol = policy.guard_tolerance
+    for g in guards:
+        ci = g.gain_ci
+        if ci is None:
+            notes.append(f"guard {g.name}: no basis yet, cannot regress")
+            continue
+        if ci[1] < -tol - _EPS:
+            fails.append(f"guard {g.name} regressed: {g.value:.4g} vs {g.frontier:.4g} {g.unit} ({g.basis}), "
+                         f"gain {_pct(g.gain)} with CI [{_pct(ci[0])}, {_pct(ci[1])}] entirely below "
+                         f"-{tol * 100:.2f}% (guard_tolerance)")
+        else:
+            notes.append(f"guard {g.name}: ok, gain {_pct(g.gain)} CI [{_pct(ci[0])}, {_pct(ci[1])}]")
+    return fails, notes
+
+
+def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, guards: Sequence[Evidence],
+           policy: TierPolicy, *, claim: bool = False, notes: Sequence[str] = ()) -> Verdict:
+    """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs."""
+    if not gate_ok:
+        reasons = tuple(gate_reasons) or ("correctness gate failed",)
+        text = ("REJECT: the candidate failed the correctness check before any speed number could count ("
+                + "; ".join(reasons) + "). No speed numbers are reported; speed is never scored for a wrong answer.")
+        return Verdict("REJECT", None, None, "none", None, None, None, reasons, text, claim)
+    if scored is None:
+        raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
+    speed_label, speed_reasons = _speed(scored, policy)
+    fails, guard_notes = _guard_failures(guards, policy)
+    label = "REJECT" if fails else speed_label
+    reasons = tuple(fails + speed_reasons + guard_notes + list(scored.notes) + list(notes))
+    return Verdict(label, scored.gain, scored.gain_ci, scored.basis,
+                   scored.frontier if scored.basis != "none" else None, scored.value, speed_label, reasons,
+                   _explain(label, speed_label, scored, policy, fails, claim), claim)
+
+
+_BASIS_WORDS = {"main-same-round": "main measured in the same round on the same box",
+                "frontier-slot": "the pinned frontier slot", "none": "no basis"}
+
+
+def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool) -> str:
+    kind = "claimed, not measured: " if claim else ""
+    head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
+    if ev.basis == "none":
+        body = (f"{head}, and there is no frontier yet, so it is the BASELINE the next rounds are scored "
+                "against.")
+    else:
+        g, ci = ev.gain, ev.gain_ci
+        body = f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}, a gain of {_pct(g)}"
+        if ci is not None:
+            body += (f" ({policy.confidence * 100:.0f}% CI {_pct(ci[0])} to {_pct(ci[1])} over "
+                     f"{ev.ratio.n_blocks} blocks)")
+        else:
+            body += " (a single number, no confidence interval)"
+        body += "."
+        if speed_label == "inconclusive":
+            body += (f" The interval is wider than the policy's {policy.max_ci_width * 100:.2f} points, so the run "
+                     "is too noisy to call: inconclusive, not a guess.")
+        elif speed_label == "none":
+            body += (" That is not a significant gain: it needs the whole interval above zero and at least "
+                     f"{min(policy.buckets.values()) * 100:.2f}%." if policy.buckets else " No buckets are set.")
+        else:
+            body += f" That reaches tier {speed_label} (threshold {policy.buckets[speed_label] * 100:.2f}%)."
+    if fails:
+        body += (f" But a guard failed ({'; '.join(fails)}), so the verdict is REJECT; the speed alone would have "
+                 f"earned {speed_label}.")
+    if claim:
+        body += " This is a claim: it was not measured in a sealed round and moves nothing."
+    return body
+
+
+# ----------------------------------------------------------------------------------------------
+# from a receipt
+
+def _field(d: Mapping[str, Any], key: str, path: str) -> Any:
+    if not isinstance(d, Mapping) or key not in d:
+        raise InputError(f"receipt {path}.{key}: required field is missing" if path else
+                         f"receipt {key}: required field is missing", "the receipt is incomplete; re-run the round")
+    return d[key]
+
+
+def receipt_target(receipt: Mapping[str, Any]) -> Target:
+    """The target table recorded in the receipt (`lock_target`): the policy the round actually used."""
+    raw = _field(receipt, "lock_target", "")
+    try:
+        return Target.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"receipt lock_target.{loc}: {first['msg']}",
+                         "pass --lock reference.lock to score with the current lock's policy") from None
+
+
+def check_format(receipt: Mapping[str, Any]) -> None:
+    version = str(_field(receipt, "format_version", ""))
+    if version.split(".")[0] != RECEIPT_MAJOR:
+        raise InputError(f"receipt format_version {version!r}: unknown major version; this scoreboard reads "
+                         f"{RECEIPT_MAJOR}.x", "upgrade scoreboard (`pip install -U scoreboard`)")
+
+
+def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool, list[str], bool]:
+    """(ok, reasons, flagged) re-derived from the gate statistics and the policy's bars, plus recorded `pass`."""
+    if gate is None:
+        return False, ["gate: no gate statistics (the gate did not run or failed to complete)"], False
+    reasons: list[str] = []
+    depths = {d.get("depth"): d for d in _field(gate, "depths", "gate")}
+    for want in policy.depths:
+        if want not in depths:
+            reasons.append(f"gate: depth {want} was not graded (a partial suite is never scored)")
+    flagged = False
+    for depth, d in sorted(depths.items(), key=lambda kv: (kv[0] is None, kv[0])):
+        at = f"gate depth {depth}"
+        kl, p99, top1 = (_field(d, k, f"gate.depths[{depth}]") for k in ("kl_mean", "kl_p99", "top1"))
+        if d.get("rows", 0) < policy.rows_per_depth:
+            reasons.append(f"{at}: {d.get('rows', 0)} rows < rows_per_depth {policy.rows_per_depth}")
+        if kl > policy.kl_max:
+            reasons.append(f"{at}: KL mean {kl:.4g} > kl_max {policy.kl_max:g} nats")
+        if p99 > policy.kl_p99_max:
+            reasons.append(f"{at}: KL p99 {p99:.4g} > kl_p99_max {policy.kl_p99_max:g} nats")
+        if top1 < policy.top1_min:
+            reasons.append(f"{at}: top-1 agreement {top1:.4g} < top1_min {policy.top1_min:g}")
+        base = d.get("ratchet_baseline")
+        if base is not None and base > 0 and kl > policy.ratchet_ratio * base and kl > policy.ratchet_floor:
+            reasons.append(f"{at}: KL mean {kl:.4g} > {policy.ratchet_ratio:g} x main's sealed {base:.4g} "
+                           "(ratchet)")
+        if d.get("pass") is False:
+            reasons.extend(f"{at}: {r}" for r in d.get("reasons", []) or ["recorded as failed"])
+        flagged = flagged or kl > policy.kl_prefer
+    if _field(gate, "pass", "gate") is not True:
+        reasons.extend(gate.get("reasons", []) or ["gate: recorded as failed"])
+    return not reasons, list(dict.fromkeys(reasons)), flagged
+
+
+def _blocks(arm: Mapping[str, Any], path: str) -> dict[int, tuple[list, list]]:
+    out: dict[int, tuple[list, list]] = {}
+    for i, b in enumerate(_field(arm, "blocks", path)):
+        idx = b.get("block", i)
+        out[idx] = (list(_field(b, "samples_ns", f"{path}.blocks[{i}]")), list(_field(b, "n_tokens",
+                                                                                     f"{path}.blocks[{i}]")))
+    return out
+
+
+def _block_values(arm: Mapping[str, Any], path: str, order: Sequence[int] | None = None) -> list[float]:
+    blocks = _blocks(arm, path)
+    keys = sorted(blocks) if order is None else list(order)
+    missing = [k for k in keys if k not in blocks]
+    if missing or (order is not None and set(blocks) != set(order)):
+        raise InputError(f"receipt {path}: blocks {sorted(blocks)} are not paired with the candidate's "
+                         f"{sorted(keys)}", "paired arms must share block indices")
+    try:
+        return [block_value(*blocks[k]) for k in keys]
+    except ValueError as exc:
+        raise InputError(f"receipt {path}: {exc}") from None
+
+
+def _find_metric(speed: Mapping[str, Any], m: Metric) -> tuple[int, Mapping[str, Any]]:
+    for i, e in enumerate(_field(speed, "metrics", "speed")):
+        if (e.get("phase"), e.get("depth"), e.get("n_tokens")) == (m.phase, m.depth, m.n_tokens):
+            return i, e
+    raise InputError(f"receipt speed.metrics: no entry for the {m.role} metric {metric_name(m)}",
+                     "the round must measure every metric of the target")
+
+
+def _timed_output_problems(receipt: Mapping[str, Any], i: int, entry: Mapping[str, Any], m: Metric) -> list[str]:
+    """Timed reps must have generated what the checked (gate) run generated (MLPerf TEST01)."""
+    problems = []
+    if entry.get("timed_output_ok") is False:
+        problems.append(f"{metric_name(m)}: timed outputs differ from the checked run (timed_output_ok false)")
+    greedy = ((receipt.get("gate") or {}).get("greedy") or {}).get(f"{m.phase}@{m.depth}")
+    if greedy is not None:
+        for b in entry["arms"]["candidate"]["blocks"]:
+            for r, ids in enumerate(b.get("token_ids") or []):
+                if list(ids) != list(greedy):
+                    problems.append(f"{metric_name(m)}: block {b.get('block')} rep {r} generated tokens that differ "
+                                    "from the checked run")
+                    return problems
+    return problems
+
+
+def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = None) -> Verdict:
+    """Recompute the verdict from a receipt's raw data; never reads its `verdict` section.
+
+    `target` None: the policy recorded in the receipt (`lock_target`); pass the current lock's target to
+    re-score under today's policy. The bootstrap is seeded with the receipt's `seed`.
+    """
+    check_format(receipt)
+    if receipt.get("status") == "aborted":
+        ab = receipt.get("aborted") or {}
+        raise InputError(f"receipt {receipt.get('round_id', '?')} aborted at stage {ab.get('stage', '?')}: "
+                         f"{ab.get('reason', '')}; an aborted round has no verdict", "re-run the round")
+    target = target or receipt_target(receipt)
+    ok, reasons, flagged = gate_check(receipt.get("gate"), target.gate)
+    if not ok:
+        return decide(False, reasons, None, (), target.tiers)
+    speed = receipt.get("speed")
+    if speed is None:
+        raise InputError("receipt speed: null although the gate passed", "re-run the round")
+    seed = _field(receipt, "seed", "")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise InputError(f"receipt seed: must be an integer, got {seed!r}")
+    is_main = bool((receipt.get("candidate") or {}).get("is_main", False))
+    notes = [f"gate passed but flagged: KL mean above kl_prefer {target.gate.kl_prefer:g}"] if flagged else []
+    correctness: list[str] = []
+    evs: dict[str, list[Evidence]] = {"scored": [], "guard": []}
+    for m in target.metrics:
+        i, entry = _find_metric(speed, m)
+        path = f"speed.metrics[{i}]"
+        arms = _field(entry, "arms", path)
+        cand_arm = _field(arms, "candidate", f"{path}.arms")
+        cand = _block_values(cand_arm, f"{path}.arms.candidate")
+        order = sorted(_blocks(cand_arm, f"{path}.arms.candidate"))
+        correctness += _timed_output_problems(receipt, i, entry, m)
+        main_blocks, ev_notes = None, []
+        if not is_main and arms.get("main"):
+            main_blocks = _block_values(arms["main"], f"{path}.arms.main", order)
+        else:
+            if not is_main:
+                ev_notes.append(f"{metric_name(m)}: main was not measured in this round; scored against the pinned "
+                                "slot, which may be stale")
+            slot = _field(entry, "frontier", path)
+            if not isinstance(slot, (int, float)) or isinstance(slot, bool) or slot < 0:
+                raise InputError(f"receipt {path}.frontier: must be a number >= 0 tok/s, got {slot!r}")
+        try:
+            ev = evidence(m, cand, target.tiers, seed, main_blocks,
+                          float(entry["frontier"]) if main_blocks is None else 0.0, ev_notes)
+        except ValueError as exc:
+            raise InputError(f"receipt {path}: {exc}") from None
+        evs[m.role].append(ev)
+    if correctness:
+        return decide(False, correctness, None, (), target.tiers)
+    return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes)
+
+
+def score_claim(value: float, lock: Lock, target: str, metric: str = "scored") -> Verdict:
+    """Label a claimed number (a PR description, an unsealed run) against the frontier slot. Moves nothing."""
+    t = lock.target(target)
+    m = select_metric(t, metric)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InputError(f"--claim {value!r}: must be a positive number of {m.unit}")
+    slot_name = t.slot(t.candidate_engine, m)
+    slot = lock.slots.get(slot_name)
+    frontier = slot.value if slot is not None else 0.0
+    basis = "frontier-slot" if frontier > 0 else "none"
+    ev = Evidence(metric_name(m), m.role, m.higher_is_better, float(value), basis, float(frontier), None, m.unit,
+                  (f"claimed, not measured: basis {slot_name} = {frontier:g} {m.unit}",))
+    return decide(True, [], ev, (), t.tiers, claim=True)
+
+
+def select_metric(t: Target, metric: str) -> Metric:
+    """`scored`, a slot name, or `phase@depth` (e.g. `prefill@0`)."""
+    if metric == "scored":
+        return t.scored
+    for m in t.metrics:
+        if metric in (t.slot(t.candidate_engine, m), f"{m.phase}@{m.depth}"):
+            return m
+    names = ["scored"] + [f"{m.phase}@{m.depth}" for m in t.metrics]
+    raise InputError(f"--metric {metric!r}: not a metric of this target", f"use one of {', '.join(names)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# descriptive summary (SPEC step 5) for display and for the receipt
+
+@dataclass(frozen=True)
+class MetricSummary:
+    name: str
+    role: str
+    arms: dict[str, ArmStats]  # arm -> stats
+    vs_reference: RatioCI | None  # candidate/reference over paired blocks
+
+
+def summarize_speed(receipt: Mapping[str, Any], target: Target) -> list[MetricSummary]:
+    """Per metric: each arm's median/MAD/CV/n and the candidate/reference ratio with its CI."""
+    speed = receipt.get("speed")
+    if not speed:
+        return []
+    seed = int(receipt.get("seed", 0))
+    out = []
+    for m in target.metrics:
+        i, entry = _find_metric(speed, m)
+        arms: dict[str, ArmStats] = {}
+        for arm, data in sorted(_field(entry, "arms", f"speed.metrics[{i}]").items()):
+            blocks = _blocks(data, f"speed.metrics[{i}].arms.{arm}")
+            try:
+                arms[arm] = arm_stats([blocks[k] for k in sorted(blocks)])
+            except ValueError as exc:
+                raise InputError(f"receipt speed.metrics[{i}].arms.{arm}: {exc}") from None
+        vs_ref = None
+        if "candidate" in arms and "reference" in arms and \
+                len(arms["candidate"].block_values) == len(arms["reference"].block_values) >= 2:
+            vs_ref = paired_ratio_ci(arms["candidate"].block_values, arms["reference"].block_values,
+                                     target.tiers.confidence, target.tiers.bootstrap_resamples, seed)
+        out.append(MetricSummary(metric_name(m), m.role, arms, vs_ref))
+    return out
