@@ -1,0 +1,1 @@
+"""`scoreboard round run`: preflight, gate before speed, interleaved timing, verdict, seal, frontier."""

@@ -1,0 +1,109 @@
+"""Registry (lazy, did-you-mean, injection) and the executable contract against fake engines.
+
+The real engines run the same contract in tests/test_engine_contract.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scoreboard import registry
+from scoreboard.contract import ContractViolation, run_contract
+from scoreboard.engine import Engine, EngineIdentity, EngineTarget, Geometry, LogitsResult, Prepared
+from scoreboard.errors import InputError
+
+VOCAB = 32
+
+
+class ToyEngine(Engine):
+    """A deterministic bigram 'model': logits depend only on the last token."""
+
+    name = "toy"
+    clock = "harness"
+
+    def describe(self, target):
+        return EngineIdentity(engine=self.name, version="1", source={"package": "tests"})
+
+    def prepare(self, target, cache_dir, progress=None):
+        w = np.random.default_rng(0).normal(size=(VOCAB, VOCAB)).astype(np.float32)
+        return Prepared(self.describe(target), handle=w)
+
+    def logits(self, prepared, request):
+        rows = prepared.handle[[request.token_ids[p] for p in request.positions]]
+        return LogitsResult(rows.astype(np.float32), request.geometry)
+
+    def begin(self, prepared, workload):
+        return list(workload.prompt_ids[: max(workload.depth, 1)]), workload.n_tokens
+
+    def step(self, prepared, state):
+        ids, n = state
+        out = []
+        last = ids[-1]
+        for _ in range(n):
+            last = int(np.argmax(prepared.handle[last]))
+            out.append(last)
+        return out
+
+
+class Float64Engine(ToyEngine):
+    name = "toy64"
+
+    def logits(self, prepared, request):
+        r = super().logits(prepared, request)
+        return LogitsResult(r.logits.astype(np.float64), r.geometry)
+
+
+class NondeterministicEngine(ToyEngine):
+    name = "toyrand"
+    _n = 0
+
+    def step(self, prepared, state):
+        NondeterministicEngine._n += 1
+        return [NondeterministicEngine._n % VOCAB] * state[1]
+
+
+def _target(tmp_path: Path) -> EngineTarget:
+    return EngineTarget("toy", tmp_path / "m.gguf", (tmp_path / "m.gguf",), "cpu", Geometry(256, 64, 64, 1))
+
+
+@pytest.fixture
+def injected():
+    for cls in (ToyEngine, Float64Engine, NondeterministicEngine):
+        registry.inject(cls.name, cls)
+    yield
+    for cls in (ToyEngine, Float64Engine, NondeterministicEngine):
+        registry.uninject(cls.name)
+
+
+def test_builtins_are_registered_by_entry_point():
+    assert {"llamacpp", "sparkinfer"} <= set(registry.available())
+
+
+def test_unknown_engine_did_you_mean():
+    with pytest.raises(InputError) as info:
+        registry.load("sparkinfr")
+    assert "did you mean 'sparkinfer'?" in info.value.hint
+
+
+def test_injected_engine_loads_through_the_same_path(injected):
+    assert isinstance(registry.load("toy"), ToyEngine)
+    assert "toy" in registry.available()
+
+
+def test_contract_passes_a_good_engine(injected, tmp_path):
+    prompt = list(np.random.default_rng(1).integers(0, VOCAB, 200))
+    summary = run_contract(registry.load("toy"), _target(tmp_path), tmp_path, prompt, depth=100)
+    assert summary["vocab"] == VOCAB and len(summary["decode_tokens"]) == 4
+
+
+def test_contract_catches_float64_logits(injected, tmp_path):
+    with pytest.raises(ContractViolation, match="float32"):
+        run_contract(registry.load("toy64"), _target(tmp_path), tmp_path, list(range(VOCAB)) * 4, depth=64)
+
+
+def test_contract_catches_nondeterministic_greedy(injected, tmp_path):
+    with pytest.raises(ContractViolation, match="same tokens every rep"):
+        run_contract(registry.load("toyrand"), _target(tmp_path), tmp_path, list(range(VOCAB)) * 4, depth=64)
