@@ -1,0 +1,262 @@
+"""The round's stages: preflight (pins, weights, config, fit, builds), the gate, interleaved speed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import environment, registry
+from ..engine import Engine, LogitsRequest, Prepared, Workload
+from ..errors import EngineError, InputError
+from ..gate import GateResult, gate_positions, grade_depth
+from ..tokenizer import BPETokenizer
+from .candidate import import_root
+from .prompt import Prompt, draw_prompt
+from .schedule import balanced_schedule
+from .workers import run_worker
+
+if TYPE_CHECKING:
+    from .run import Round
+
+
+@dataclass
+class PreflightResult:
+    shards: list[Path]
+    ref_engine: Engine
+    ref_prepared: Prepared
+    config: Any
+    fit: Any
+
+
+def preflight(rnd: "Round") -> PreflightResult:
+    """Refuse rather than run something else: node class, weights, model config, fit, reference build."""
+    from ..fit import check_fit
+    from ..models.k3 import load_k3_config
+    from ..weights.verify import ensure_weights
+
+    t, lock, r = rnd.target, rnd.lock, rnd.receipt
+    fp = environment.fingerprint()
+    r["environment"] = fp
+    bad = environment.node_mismatches(fp, lock.nodes[t.node])
+    if bad and not rnd.opts.allow_node_mismatch:
+        raise InputError(f"this box is not of node class {t.node!r} that target {rnd.target_id!r} is measured on:\n  "
+                         + "\n  ".join(bad), f"run `scoreboard env --target {rnd.target_id}` and use a matching box")
+    weights = lock.weights[t.weights]
+    rnd.report("step", message=f"verifying {len(weights.files)} weight shard(s) of {t.weights}")
+    shards = ensure_weights(lock, t.weights, rnd.opts.cache_dir, report=rnd.report)
+    r["weights"] = {"id": t.weights, "fully_pinned": weights.fully_pinned,
+                    "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in weights.files]}
+    rnd.report("step", message="model config checks")
+    config = load_k3_config(shards[0])
+    fit = check_fit(lock, rnd.target_id, config=config)
+    rnd.pre = PreflightResult(shards, registry.load(t.reference_engine), None, config, fit)  # type: ignore[arg-type]
+    ref_target = rnd.engine_target(reference=lock.references[t.reference])
+    rnd.report("step", message=f"preparing reference {t.reference_engine} at its pin (build re-verified)")
+    ref_prepared = rnd.pre.ref_engine.prepare(ref_target, rnd.opts.cache_dir,
+                                              lambda msg, frac=None: rnd.report("step", message=msg))
+    rnd.pre.ref_prepared = ref_prepared
+    r["reference"] = {"engine": t.reference_engine, "identity": ref_prepared.identity.as_dict()}
+    return rnd.pre
+
+
+def _side(rnd: "Round", source, identity: dict[str, Any]) -> dict[str, Any]:
+    return {"engine": rnd.target.candidate_engine, "label": source.label, "commit": source.commit,
+            "dirty": source.dirty, "is_main": source.is_main, "identity": identity}
+
+
+class GateStage:
+    """Logits from both engines at every gate depth (incl. the scored depth), graded in float64."""
+
+    def __init__(self, rnd: "Round"):
+        self.rnd = rnd
+        t = rnd.target
+        self.decode_metrics = [m for m in t.metrics if m.phase == "decode"]
+        need = max([max(t.gate.depths)] + [m.depth + m.n_tokens for m in t.metrics])
+        tok = BPETokenizer.from_gguf(rnd.pre.shards[0])
+        self.prompt: Prompt = draw_prompt(tok, need, rnd.seed)
+        self.greedy: dict[str, list[int]] = {}
+
+    def workloads(self) -> list[Workload]:
+        ids = self.prompt.token_ids
+        return [Workload(m.phase, m.depth, m.n_tokens, ids[: m.depth + m.n_tokens]) for m in self.rnd.target.metrics]
+
+    def candidate_call(self, op: str, payload: dict[str, Any], source=None) -> dict[str, Any]:
+        rnd = self.rnd
+        source = source or rnd.source
+        res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
+                         rnd.engine_target(rnd.opts.candidate_options), rnd.opts.cache_dir, op, payload,
+                         rnd.target.speed.timeout_s)
+        cmd = res.command[:3] + [f"<{op}>"]
+        if cmd not in rnd.receipt["commands"]:
+            rnd.receipt["commands"].append(cmd)
+        return {**res.body, "_wall_ns": res.wall_ns}
+
+    def run(self) -> None:
+        rnd, t, r = self.rnd, self.rnd.target, self.rnd.receipt
+        pol = t.gate
+        per_depth = {d: gate_positions(d, pol.rows_per_depth) for d in pol.depths}
+        positions = sorted({p for ps in per_depth.values() for p in ps})
+        ids = self.prompt.token_ids[: max(pol.depths)]
+        geom = rnd.engine_target().geometry
+        rnd.report("step", message=f"reference logits: {len(positions)} rows at depths {list(pol.depths)}")
+        ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(ids, tuple(positions), geom))
+        if ref.command:
+            r["commands"].append(ref.command)
+        rnd.report("step", message="candidate logits (fresh worker process)")
+        body = self.candidate_call("logits", {"requests": [{"token_ids": list(ids), "positions": positions}]})
+        r["candidate"] = _side(rnd, rnd.source, body["identity"])
+        if rnd.main_source is not None:
+            r["main"] = _side(rnd, rnd.main_source, {})
+        cand = np.load(body["logits"][0]["path"])
+        if cand.shape != ref.logits.shape:
+            raise EngineError(f"candidate logits have shape {cand.shape}, reference {ref.logits.shape}",
+                              "the candidate must return one row per requested position over the full vocabulary")
+        row = {p: i for i, p in enumerate(positions)}
+        baselines = ratchet_baselines(rnd.opts.rounds_dir, rnd.target_id)
+        depths = []
+        for d, ps in per_depth.items():
+            sel = [row[p] for p in ps]
+            depths.append(grade_depth(d, ps, ref.logits[sel], cand[sel], pol, baselines.get(d)))
+        result = GateResult(depths)
+        gate = result.as_dict()
+        gate["prompt"] = self.prompt.describe()
+        gate["geometry"] = ref.geometry.as_dict()
+        # the checked run: greedy decode through the decode path, then graded against the reference
+        decode = [w for w in self.workloads() if w.phase == "decode"]
+        rnd.report("step", message="checked greedy decode (the timed run must reproduce it)")
+        greedy = self.candidate_call("greedy", {"workloads": [_wl(w) for w in decode]})["greedy"]
+        gate["greedy"] = {}
+        gate["greedy_check"] = []
+        for w, toks in zip(decode, greedy):
+            key = f"decode@{w.depth}"
+            gate["greedy"][key] = toks
+            agree = self.greedy_agreement(w, toks)
+            ok = agree >= pol.top1_min
+            gate["greedy_check"].append({"metric": key, "top1_vs_reference": agree, "pass": ok})
+            if not ok:
+                gate["pass"] = False
+                gate["reasons"].append(f"{key}: the decode path's greedy tokens agree with the reference's argmax "
+                                       f"on only {agree:.3f} of positions < top1_min {pol.top1_min}")
+        self.greedy = gate["greedy"]
+        r["gate"] = gate
+
+    def greedy_agreement(self, w: Workload, toks: list[int]) -> float:
+        """Teacher-force the candidate's greedy tokens through the reference: fraction of argmax matches."""
+        rnd = self.rnd
+        seq = tuple(w.prompt_ids[: w.depth]) + tuple(toks[:-1])
+        pos = tuple(range(w.depth - 1, w.depth - 1 + len(toks)))
+        ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(seq, pos, rnd.engine_target().geometry))
+        return float(np.mean(np.argmax(ref.logits, axis=-1) == np.asarray(toks)))
+
+
+def _wl(w: Workload) -> dict[str, Any]:
+    return {"phase": w.phase, "depth": w.depth, "n_tokens": w.n_tokens, "prompt_ids": list(w.prompt_ids)}
+
+
+def ratchet_baselines(rounds_dir: Path, target_id: str) -> dict[int, float]:
+    """Per-depth mean KL of main's last sealed, gate-passing round for this target (ratchet basis)."""
+    from ..ledger import read_ledger
+
+    try:
+        lines = read_ledger(rounds_dir)
+    except InputError:
+        return {}
+    for line in reversed(lines):
+        if line.get("kind") != "round" or line.get("target") != target_id:
+            continue
+        path = Path(rounds_dir) / f"{line['round_id']}.json"
+        if not path.exists():
+            continue
+        rec = json.loads(path.read_text())
+        if rec.get("status") != "verdict" or not (rec.get("candidate") or {}).get("is_main"):
+            continue
+        gate = rec.get("gate") or {}
+        if not gate.get("pass"):
+            continue
+        return {int(d["depth"]): float(d["kl_mean"]) for d in gate.get("depths", [])}
+    return {}
+
+
+class SpeedStage:
+    """Warm-up, then randomized balanced blocks; each harness-clocked block is a fresh worker process."""
+
+    def __init__(self, rnd: "Round", gate: GateStage):
+        self.rnd, self.gate = rnd, gate
+        t = rnd.target
+        self.blocks = rnd.opts.blocks or t.speed.blocks
+        self.reps = rnd.opts.reps or t.speed.reps
+        self.arms = ["reference", "candidate"] + (["main"] if rnd.main_source is not None else [])
+
+    def run(self) -> None:
+        rnd, t, r = self.rnd, self.rnd.target, self.rnd.receipt
+        if self.blocks < 2:
+            raise InputError(f"--blocks {self.blocks}: at least 2 blocks are needed for a paired CI")
+        workloads = self.gate.workloads()
+        schedule = balanced_schedule(self.arms, self.blocks, rnd.seed)
+        metrics = []
+        for m, w in zip(t.metrics, workloads):
+            slot = t.slot(t.candidate_engine, m)
+            s = rnd.lock.slots.get(slot)
+            metrics.append({"phase": m.phase, "depth": m.depth, "n_tokens": m.n_tokens, "role": m.role,
+                            "slot": slot, "frontier": s.value if s else 0.0,
+                            "arms": {a: {"blocks": []} for a in self.arms}, "timed_output_ok": True})
+        rnd.report("step", message=f"warm-up: one discarded pass of {', '.join(self.arms)}")
+        for arm in self.arms:
+            self.run_arm(arm, workloads, reps=1, block=None)
+        total = len(schedule) * len(self.arms)
+        done = 0
+        for b, order in enumerate(schedule):
+            for arm in order:
+                rnd.report("progress", task="speed blocks", done=done, total=total, message=f"block {b}: {arm}")
+                for entry, rec in zip(metrics, self.run_arm(arm, workloads, self.reps, b)):
+                    entry["arms"][arm]["blocks"].append(rec)
+                done += 1
+        rnd.report("progress", task="speed blocks", done=total, total=total, message="done")
+        for entry in metrics:
+            key = f"decode@{entry['depth']}"
+            if entry["phase"] == "decode" and key in self.gate.greedy:
+                want = self.gate.greedy[key]
+                entry["timed_output_ok"] = all(ids == want for blk in entry["arms"]["candidate"]["blocks"]
+                                               for ids in blk["token_ids"])
+        r["speed"] = {"schedule": schedule, "metrics": metrics, "blocks": self.blocks, "reps": self.reps,
+                      "warmup_reps": t.speed.warmup_reps}
+
+    def run_arm(self, arm: str, workloads: list[Workload], reps: int, block: int | None) -> list[dict[str, Any]]:
+        if arm == "reference":
+            return [self.reference_block(w, reps, block) for w in workloads]
+        source = self.rnd.source if arm == "candidate" else self.rnd.main_source
+        body = self.gate.candidate_call("timed", {"workloads": [_wl(w) for w in workloads], "reps": reps,
+                                                  "warmup": self.rnd.target.speed.warmup_reps}, source=source)
+        wall = int(body["_wall_ns"])
+        total = sum(x["ns"] for runs in body["runs"] for x in runs)
+        if total > wall:
+            raise EngineError(f"{arm} worker reported {total} ns of timed reps inside {wall} ns of wall clock",
+                              "the worker's harness clock disagrees with the parent's wall clock")
+        out = []
+        for runs in body["runs"]:
+            out.append({"block": block if block is not None else -1, "samples_ns": [x["ns"] for x in runs],
+                        "n_tokens": [x["n_tokens"] for x in runs], "token_ids": [x["token_ids"] for x in runs],
+                        "wall_ns": wall, "command": ["python", "-m", "scoreboard.worker"],
+                        "clock": "harness"})
+        return out
+
+    def reference_block(self, w: Workload, reps: int, block: int | None) -> dict[str, Any]:
+        import time
+
+        rnd = self.rnd
+        t0 = time.perf_counter_ns()
+        out = rnd.pre.ref_engine.timed(rnd.pre.ref_prepared, w, reps)
+        wall = time.perf_counter_ns() - t0
+        total = sum(x.ns for x in out)
+        if total > wall:
+            raise EngineError(f"reference reported {total} ns of reps inside {wall} ns of wall clock",
+                              "the reference tool's self-report exceeds the harness's wall-clock bound")
+        if out and out[0].command and out[0].command not in rnd.receipt["commands"]:
+            rnd.receipt["commands"].append(out[0].command)
+        return {"block": block if block is not None else -1, "samples_ns": [x.ns for x in out],
+                "n_tokens": [x.n_tokens for x in out], "wall_ns": wall, "command": out[0].command if out else [],
+                "clock": "reference-tool"}
