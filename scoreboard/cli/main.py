@@ -18,6 +18,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("frontier", "frontier"),
     ("engines", "engines"),
     ("env", "env"),
+    ("round", "round"),
+    ("ladder", "ladder"),
 ]
 
 app = typer.Typer(
@@ -54,7 +56,9 @@ _register()
 def run() -> None:
     """Console-script entry: domain errors -> message + hint + exit code (1 error, 2 non-compliant)."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns (not raises) typer.Exit's code in this mode
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except ScoreboardError as exc:
         err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
         if exc.hint:
