@@ -348,9 +348,12 @@ def rep_throughputs(block: Mapping[str, Any]) -> list[float]:
 
 
 def arm_value(metric: Mapping[str, Any], arm: str) -> float:
-    """Median over blocks of the per-block median rep throughput (tok/s)."""
+    """The arm's value (tok/s): geometric mean over blocks of the per-block median rep throughput —
+    the same estimator the verdict uses (scoreboard.stats.arm_stats().value)."""
+    from .stats import block_value, geometric_mean
+
     blocks = metric["arms"][arm]["blocks"]
-    return float(statistics.median(statistics.median(rep_throughputs(b)) for b in blocks))
+    return geometric_mean([block_value(b["samples_ns"], b["n_tokens"]) for b in blocks])
 
 
 def arm_reps(metric: Mapping[str, Any], arm: str) -> int:

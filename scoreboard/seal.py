@@ -116,24 +116,24 @@ def make_seal(receipt: Mapping[str, Any], prev_ledger_sha256: str, private_key: 
     return seal
 
 
-def check_seal(receipt: Mapping[str, Any]) -> list[str]:
-    """Problems with a receipt's seal (empty = the content is what was sealed). Field names when known."""
+def check_seal(receipt: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Problems with a receipt's seal as (field, message); empty = the content is what was sealed."""
     seal = receipt.get("seal")
     if not isinstance(seal, Mapping) or not isinstance(seal.get("sha256"), str):
-        return ["seal: missing (the receipt was never sealed)"]
+        return [("seal", "missing (the receipt was never sealed)")]
     if seal_sha256(receipt) == seal["sha256"]:
         return []
     fields = seal.get("fields")
     names = changed_fields(receipt, fields) if isinstance(fields, Mapping) else []
-    where = ", ".join(names) if names else "seal.sha256 (or a field the digests do not name)"
-    return [f"{where}: content does not match seal.sha256 {seal['sha256'][:12]}… (edited after sealing)"]
+    msg = f"does not match seal.sha256 {seal['sha256'][:12]}… (edited after sealing)"
+    return [(n, msg) for n in names] or [("seal.sha256", msg + "; seal.fields cannot name the field")]
 
 
 def verify_sealed(receipt: Mapping[str, Any], what: str = "receipt") -> None:
     """Raise NonCompliant unless the receipt is sealed and its content matches the seal."""
     problems = check_seal(receipt)
     if problems:
-        raise NonCompliant(f"{what}: " + "; ".join(problems),
+        raise NonCompliant(f"{what}: " + "; ".join(f"{f}: {m}" for f, m in problems),
                            "an edited or unsealed receipt is a claim, not a measurement; run `scoreboard verify`")
 
 
@@ -234,7 +234,7 @@ def public_key_b64(public_key: Any) -> str:
     return base64.b64encode(raw).decode()
 
 
-def check_signature(receipt: Mapping[str, Any], trusted_key: Any = None) -> list[str]:
+def check_signature(receipt: Mapping[str, Any], trusted_key: Any = None) -> list[tuple[str, str]]:
     """Problems with the signature. With `trusted_key` a signature by that key is required;
     without it a present signature is checked against the embedded key (integrity, not trust)."""
     from cryptography.exceptions import InvalidSignature
@@ -242,16 +242,16 @@ def check_signature(receipt: Mapping[str, Any], trusted_key: Any = None) -> list
     seal = receipt.get("seal") or {}
     sig, embedded = seal.get("signature"), seal.get("public_key")
     if not sig:
-        return ["seal.signature: missing (receipt is not signed)"] if trusted_key is not None else []
+        return [("seal.signature", "missing (receipt is not signed)")] if trusted_key is not None else []
     try:
         if trusted_key is not None:
             key = trusted_key
             if embedded and embedded != public_key_b64(trusted_key):
-                return ["seal.public_key: signed by a key other than the trusted public key"]
+                return [("seal.public_key", "signed by a key other than the trusted public key")]
         else:
             key = _ed25519().Ed25519PublicKey.from_public_bytes(base64.b64decode(embedded or "", validate=True))
         key.verify(base64.b64decode(sig, validate=True),
                    signed_message(str(seal.get("sha256")), str(seal.get("prev_ledger_sha256"))))
     except (InvalidSignature, ValueError, TypeError):
-        return ["seal.signature: does not verify over seal.sha256 + seal.prev_ledger_sha256"]
+        return [("seal.signature", "does not verify over seal.sha256 + seal.prev_ledger_sha256")]
     return []

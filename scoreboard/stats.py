@@ -9,13 +9,24 @@ per-block ratios, which equals geomean(c) / geomean(b) — so the ratio of the a
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as _st
+
+
+def _bootstrap():
+    """scipy.stats.bootstrap and its seeding keyword, imported on first use (scipy costs ~1 s to import).
+
+    scipy >= 1.15 takes `rng=`; older releases only `random_state=` (both accept a numpy Generator).
+    """
+    from scipy import stats as st
+
+    kw = "rng" if "rng" in inspect.signature(st.bootstrap).parameters else "random_state"
+    return st.bootstrap, kw
 
 # a block as recorded in a receipt: (samples_ns per rep, n_tokens per rep)
 Block = tuple[Sequence[int | float], Sequence[int | float]]
@@ -72,7 +83,7 @@ def arm_stats(blocks: Sequence[Block]) -> ArmStats:
     med = float(np.median(reps))
     mad = float(np.median(np.abs(reps - med)))
     mean = float(np.mean(reps))
-    spread = float(np.std(reps, ddof=1)) if reps.size > 1 else 0.0
+    spread = float(np.std(reps, ddof=1)) if reps.size > 1 and np.ptp(reps) > 0 else 0.0
     cv = spread / mean if mean > 0 and spread > 0 else 0.0
     values = tuple(block_value(ns, n) for ns, n in blocks)
     return ArmStats(median=med, mad=mad, cv=cv, n=int(reps.size), block_values=values,
@@ -110,19 +121,30 @@ def _log_ratios(candidate: Sequence[float], basis: Sequence[float]) -> np.ndarra
         raise ValueError(f"a confidence interval needs at least 2 paired blocks, got {c.size}")
     if np.any(~(c > 0)) or np.any(~(b > 0)) or not (np.all(np.isfinite(c)) and np.all(np.isfinite(b))):
         raise ValueError("block values must be finite and > 0")
-    return np.log(c) - np.log(b)
+    # rounded to 1e-12 (a relative 1e-12 on the ratio): inputs equal up to float rounding (the same arms
+    # in other units, swapped arms) give bit-identical intervals instead of BCa tie-breaking on ulps
+    return np.round(np.log(c) - np.log(b), _DIGITS)
+
+
+_DIGITS = 12
+
+
+def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Resample means on the same 1e-12 grid: equal multisets in another order tie exactly (BCa's bias term)."""
+    return np.round(np.mean(x, axis=axis), _DIGITS)
 
 
 def _bootstrap_mean(logs: np.ndarray, confidence: float, resamples: int, seed: int) -> tuple[float, float, str]:
     """CI of mean(logs); BCa, falling back to percentile when BCa is degenerate (NaN)."""
     if np.ptp(logs) == 0.0:  # identical ratios: every resample has the same mean
-        m = float(np.mean(logs))
+        m = float(_mean(logs))
         return m, m, "percentile"
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DegenerateDataWarning: handled by the fallback
-            res = _st.bootstrap((logs,), np.mean, n_resamples=resamples, confidence_level=confidence,
-                                method=method, vectorized=True, axis=-1, rng=np.random.default_rng(seed))
+            bootstrap, rng_kw = _bootstrap()
+            res = bootstrap((logs,), _mean, n_resamples=resamples, confidence_level=confidence,
+                                method=method, vectorized=True, axis=-1, **{rng_kw: np.random.default_rng(seed)})
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(lo) and math.isfinite(hi):
             return lo, hi, method
@@ -137,7 +159,7 @@ def paired_ratio_ci(candidate_blocks: Sequence[float], basis_blocks: Sequence[fl
     """
     logs = _log_ratios(candidate_blocks, basis_blocks)
     lo, hi, method = _bootstrap_mean(logs, confidence, resamples, seed)
-    point = float(np.exp(np.mean(logs)))
+    point = float(np.exp(_mean(logs)))
     # exp is monotone: the log-scale interval maps to the ratio scale; clamp float noise around the point
     return RatioCI(point=point, low=min(math.exp(lo), point), high=max(math.exp(hi), point),
                    confidence=confidence, n_blocks=int(logs.size), method=method)

@@ -184,8 +184,9 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs."""
     if not gate_ok:
         reasons = tuple(gate_reasons) or ("correctness gate failed",)
+        shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
         text = ("REJECT: the candidate failed the correctness check before any speed number could count ("
-                + "; ".join(reasons) + "). No speed numbers are reported; speed is never scored for a wrong answer.")
+                + shown + "). No speed numbers are reported; speed is never scored for a wrong answer.")
         return Verdict("REJECT", None, None, "none", None, None, None, reasons, text, claim)
     if scored is None:
         raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
@@ -287,10 +288,11 @@ def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool
         if base is not None and base > 0 and kl > policy.ratchet_ratio * base and kl > policy.ratchet_floor:
             reasons.append(f"{at}: KL mean {kl:.4g} > {policy.ratchet_ratio:g} x main's sealed {base:.4g} "
                            "(ratchet)")
-        if d.get("pass") is False:
+        if d.get("pass") is False and not any(r.startswith(f"{at}:") for r in reasons):
+            # recorded as failed for a reason the bars above don't re-derive: honour it
             reasons.extend(f"{at}: {r}" for r in d.get("reasons", []) or ["recorded as failed"])
         flagged = flagged or kl > policy.kl_prefer
-    if _field(gate, "pass", "gate") is not True:
+    if _field(gate, "pass", "gate") is not True and not reasons:
         reasons.extend(gate.get("reasons", []) or ["gate: recorded as failed"])
     return not reasons, list(dict.fromkeys(reasons)), flagged
 
@@ -325,7 +327,7 @@ def _find_metric(speed: Mapping[str, Any], m: Metric) -> tuple[int, Mapping[str,
                      "the round must measure every metric of the target")
 
 
-def _timed_output_problems(receipt: Mapping[str, Any], i: int, entry: Mapping[str, Any], m: Metric) -> list[str]:
+def _timed_output_problems(receipt: Mapping[str, Any], entry: Mapping[str, Any], m: Metric) -> list[str]:
     """Timed reps must have generated what the checked (gate) run generated (MLPerf TEST01)."""
     problems = []
     if entry.get("timed_output_ok") is False:
@@ -373,7 +375,7 @@ def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = Non
         cand_arm = _field(arms, "candidate", f"{path}.arms")
         cand = _block_values(cand_arm, f"{path}.arms.candidate")
         order = sorted(_blocks(cand_arm, f"{path}.arms.candidate"))
-        correctness += _timed_output_problems(receipt, i, entry, m)
+        correctness += _timed_output_problems(receipt, entry, m)
         main_blocks, ev_notes = None, []
         if not is_main and arms.get("main"):
             main_blocks = _block_values(arms["main"], f"{path}.arms.main", order)

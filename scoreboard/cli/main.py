@@ -20,6 +20,10 @@ COMMANDS: list[tuple[str, str]] = [
     ("env", "env"),
     ("round", "round"),
     ("ladder", "ladder"),
+    ("audit-pins", "audit_pins"),
+    ("pin", "pin"),
+    ("weights", "weights"),
+    ("fit", "fit"),
 ]
 
 app = typer.Typer(

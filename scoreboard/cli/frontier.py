@@ -1,0 +1,77 @@
+"""`scoreboard frontier show|lower|resume`: the slots with provenance, the logged escape hatch, recovery."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import frontier as fr
+from ..lockfile import load_lock
+from ..records import resume_round
+from .console import console, print_json
+
+app = typer.Typer(help="Frontier and baseline slots: show them, lower one (logged), finish an interrupted round.",
+                  no_args_is_help=True)
+
+_LOCK = typer.Option("reference.lock", "--lock", help="path of reference.lock")
+_ROUNDS = typer.Option("rounds", "--rounds", help="directory of receipts and ledger.jsonl")
+
+
+@app.command("show")
+def show(lock: str = _LOCK, json_out: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """Every slot in the lock with its provenance (0 = not measured)."""
+    lk = load_lock(lock)
+    expected = lk.expected_slots()
+    rows = []
+    for name in sorted(set(expected) | set(lk.slots)):
+        s = lk.slots.get(name)
+        tid = expected[name][0] if name in expected else ""
+        rows.append({"slot": name, "target": tid, "kind": s.kind if s else "", "value": s.value if s else 0.0,
+                     "unit": s.unit if s else "tok/s", "reps": s.reps if s else 0, "round": s.round if s else "",
+                     "commit": s.commit if s else "", "measured_at": s.measured_at if s else ""})
+    if json_out:
+        print_json({"lock": lock, "slots": rows})
+        return
+    for tid in sorted({r["target"] for r in rows}):
+        table = Table(title=f"{lock}: target {tid or '(none)'}", title_justify="left", show_lines=True)
+        table.add_column("slot / provenance", overflow="fold")
+        table.add_column("kind", no_wrap=True)
+        table.add_column("tok/s", justify="right", no_wrap=True)
+        for r in (r for r in rows if r["target"] == tid):
+            cell, value = r["slot"], "[dim]0 (none)[/]"
+            if r["value"]:
+                value = f"{r['value']:.4f}" + ("" if r["unit"] == "tok/s" else f" {r['unit']}")
+                cell += (f"\n[dim]round {r['round']}, {r['reps']} reps\n"
+                         f"commit {r['commit'][:12]}, measured {r['measured_at']}[/]")
+            table.add_row(cell, r["kind"], value)
+        console.print(table)
+
+
+@app.command("lower")
+def lower(
+    target: str = typer.Option(..., "--target", help="target id in the lock"),
+    slot: str = typer.Option(..., "--slot", help="frontier slot name (see `scoreboard frontier show`)"),
+    value: float = typer.Option(..., "--value", help="the value the sealed receipt measured for the slot"),
+    reason: str = typer.Option(..., "--reason", help="why (a slower replacement box, a real regression on main)"),
+    receipt: str = typer.Option(..., "--receipt", help="the sealed main receipt under rounds/ that measured it"),
+    lock: str = _LOCK,
+    rounds: str = _ROUNDS,
+) -> None:
+    """Lower a frontier slot: the explicit, reasoned, logged escape hatch (never done by a round)."""
+    change = fr.lower_frontier(lock, slot, value, reason, receipt, rounds_dir=rounds, target=target)
+    console.print(f"lowered {slot}: {change.before} -> {change.after} tok/s; logged with its reason as a "
+                  f"frontier-lower line in {rounds}/ledger.jsonl", highlight=False)
+
+
+@app.command("resume")
+def resume(
+    receipt: str = typer.Option(..., "--receipt", help="receipt of the interrupted round, rounds/<id>.json"),
+    lock: Optional[str] = _LOCK,
+    rounds: str = _ROUNDS,
+) -> None:
+    """Finish a round interrupted after sealing: append its ledger line and/or apply its slot changes."""
+    rec = resume_round(receipt, rounds, lock)
+    done = ", ".join(f"{c.slot} {c.before} -> {c.after}" for c in rec.changes) or "no slot changes"
+    console.print(f"round {rec.receipt['round_id']}: ledger line present; {done}", highlight=False)

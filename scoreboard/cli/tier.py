@@ -1,0 +1,98 @@
+"""`scoreboard tier`: re-derive a receipt's verdict from its raw samples, or label a claimed number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError
+from ..lockfile import DEFAULT_LOCK, load_lock
+from ..tiers import Verdict, receipt_target, score_claim, summarize_speed, verdict_from_receipt
+from .console import console, print_json
+
+_STYLE = {"REJECT": "bold red", "inconclusive": "yellow", "none": "white", "BASELINE": "cyan"}
+
+
+def _read_receipt(path: Path) -> dict:
+    if not path.is_file():
+        raise InputError(f"{path}: receipt not found", "list sealed receipts with `ls rounds/*.json`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})",
+                         "pass a receipt written by `scoreboard round run`") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a receipt is a JSON object")
+    return data
+
+
+def _show(v: Verdict) -> None:
+    style = _STYLE.get(v.label, "bold green")
+    tag = " (claim)" if v.claim else ""
+    console.print(f"[{style}]{v.label}[/]{tag}", highlight=False)
+    console.print(v.explanation, highlight=False)
+    for r in v.reasons:
+        console.print(f"  - {r}", highlight=False)
+
+
+def _speed_table(receipt: dict, target) -> None:
+    for s in summarize_speed(receipt, target):
+        table = Table(title=f"{s.name} ({s.role})", title_justify="left")
+        for col in ("arm", "value tok/s", "median", "MAD", "CV", "reps"):
+            table.add_column(col, justify="left" if col == "arm" else "right")
+        for arm, a in s.arms.items():
+            table.add_row(arm, f"{a.value:.4g}", f"{a.median:.4g}", f"{a.mad:.3g}", f"{a.cv * 100:.2f}%", str(a.n))
+        console.print(table)
+        if s.vs_reference is not None:
+            r = s.vs_reference
+            console.print(f"  candidate/reference {r.point:.4f} ({r.confidence * 100:.0f}% CI {r.low:.4f}-{r.high:.4f},"
+                          f" {r.n_blocks} blocks)", highlight=False)
+
+
+def command(
+    receipt: Optional[Path] = typer.Option(None, "--receipt", help="a round receipt (rounds/<round_id>.json)"),
+    claim: Optional[float] = typer.Option(None, "--claim", help="a claimed value (tok/s) to label as a claim"),
+    target: Optional[str] = typer.Option(None, "--target", help="target id (with --claim)"),
+    metric: str = typer.Option("scored", "--metric", help="with --claim: `scored`, `phase@depth` or a slot name"),
+    lock: Optional[Path] = typer.Option(None, "--lock", help="score with this lock's current policy "
+                                        "(default: the policy recorded in the receipt; --claim reads "
+                                        "reference.lock)"),
+    json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT."""
+    if (receipt is None) == (claim is None):
+        raise InputError("pass exactly one of --receipt FILE or --claim VALUE",
+                         "scoreboard tier --receipt rounds/<id>.json  |  scoreboard tier --claim 12.3 --target T")
+    if claim is not None:
+        if not target:
+            raise InputError("--claim needs --target", "scoreboard tier --claim VALUE --target <target id>")
+        verdict = score_claim(claim, load_lock(lock or DEFAULT_LOCK), target, metric)
+        out = {"verdict": verdict.as_dict(), "policy": "lock"}
+    else:
+        data = _read_receipt(receipt)
+        if lock is not None:
+            tid = data.get("target")
+            if not isinstance(tid, str):
+                raise InputError(f"{receipt}: field `target` is missing", "the receipt is incomplete")
+            tgt = load_lock(lock).target(tid)
+        else:
+            tgt = receipt_target(data)
+        verdict = verdict_from_receipt(data, tgt)
+        recorded = (data.get("verdict") or {}).get("label")
+        out = {"verdict": verdict.as_dict(), "policy": "lock" if lock else "receipt",
+               "recorded_label": recorded, "matches_recorded": None if recorded is None else recorded == verdict.label}
+    if json_out:
+        print_json(out)
+    else:
+        if receipt is not None:
+            _speed_table(data, tgt)
+        _show(verdict)
+        if receipt is not None and out["matches_recorded"] is False:
+            console.print(f"[yellow]note:[/] the receipt records {out['recorded_label']!r}; recomputed "
+                          f"{verdict.label!r} under the {out['policy']} policy", highlight=False)
+    if not verdict.compliant:
+        raise typer.Exit(2)

@@ -1,0 +1,236 @@
+"""`scoreboard verify` logic: every receipt's seal (and signature), the ledger chain, and every slot in
+reference.lock backed by the ledger and a sealed receipt with the same value. Reports, never prints."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import frontier, ledger
+from .errors import InputError, LockError, NonCompliant
+from .ledger import LedgerEntry
+from .lockfile import Lock, load_lock
+from .receipt import scored_metric, validation_problems
+from .records import receipt_files
+from .seal import check_seal, check_signature, load_public_key, sha256_hex
+
+
+@dataclass
+class Problem:
+    file: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.message}"
+
+
+@dataclass
+class Report:
+    lock: str
+    rounds: str
+    receipts: int = 0
+    ledger_lines: int = 0
+    slots_checked: int = 0
+    signatures: str = "embedded keys only (pass --public-key to require a trusted signer)"
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass
+class _Rec:
+    path: Path
+    data: dict[str, Any]
+    file_sha: str
+
+
+class _Ctx:
+    def __init__(self, report: Report):
+        self.report = report
+
+    def add(self, file: Path | str, fld: str, message: str) -> None:
+        self.report.problems.append(Problem(str(file), fld, message))
+
+
+def _split(p: str) -> tuple[str, str]:
+    head, _, tail = p.partition(": ")
+    return (head, tail) if tail else ("<root>", p)
+
+
+def _check_receipts(ctx: _Ctx, rounds: Path, trusted: Any) -> dict[str, _Rec]:
+    recs: dict[str, _Rec] = {}
+    for path in receipt_files(rounds):
+        raw = path.read_bytes()
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            ctx.add(path, "<file>", f"not JSON ({exc})")
+            continue
+        problems = validation_problems(data)
+        for p in problems:
+            ctx.add(path, *_split(p))
+        if problems or not isinstance(data, dict):
+            continue
+        if path.stem != data["round_id"]:
+            ctx.add(path, "round_id", f"{data['round_id']!r} does not match the file name (renamed?)")
+        for fld, msg in check_seal(data) + check_signature(data, trusted):
+            ctx.add(path, fld, msg)
+        recs[data["round_id"]] = _Rec(path, data, sha256_hex(raw))
+    ctx.report.receipts = len(recs)
+    return recs
+
+
+def _line_vs_receipt(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
+    d = rec.data
+    if e.receipt_sha256 != rec.file_sha:
+        ctx.add(where, "receipt_sha256", f"{rec.path} bytes changed since the line was written")
+    if e.seal_sha256 != (d.get("seal") or {}).get("sha256"):
+        ctx.add(where, "seal_sha256", f"does not match {rec.path} seal.sha256")
+    expect: dict[str, Any] = {
+        "target": d["target"], "status": d["status"], "candidate_commit": d["candidate"]["commit"],
+        "is_main": d["candidate"]["is_main"], "verdict": d["verdict"]["label"] if d.get("verdict") else "aborted"}
+    if e.kind == "round":
+        m = scored_metric(d)
+        at_start = m.get("frontier") if m else None
+        expect.update(date=d["created_at"], value=frontier.scored_value(d), frontier_before=at_start,
+                      frontier_after=at_start, changes=[])
+        if (d.get("seal") or {}).get("prev_ledger_sha256") != e.prev_sha256:
+            ctx.add(where, "prev_sha256", f"{rec.path} was sealed after a different ledger line (reordered?)")
+    for k, v in expect.items():
+        if getattr(e, k) != v:
+            ctx.add(where, k, f"{getattr(e, k)!r} but {rec.path} says {v!r}")
+
+
+def _changes_backed(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
+    if e.kind == "round":
+        return  # a round line changes nothing (checked in _line_vs_receipt)
+    if not e.changes:
+        ctx.add(where, "changes", f"a {e.kind} line without changes")
+    try:
+        measured = {(m.slot, m.kind): m for m in frontier.measured_slots(rec.data)}
+    except InputError as exc:
+        ctx.add(where, "changes", exc.message)
+        return
+    why = frontier.ineligible(rec.data) if e.kind == "frontier-raise" else frontier.lower_refusal(rec.data)
+    if why:
+        ctx.add(where, "round_id", f"round {e.round_id} may not write slots: {why}")
+    if e.kind == "frontier-lower" and not e.reason.strip():
+        ctx.add(where, "reason", "a lowering needs a reason")
+    for i, c in enumerate(e.changes):
+        m = measured.get((c.slot, c.kind))
+        if m is None or m.value != c.after:
+            ctx.add(where, f"changes[{i}].after", f"{c.slot}={c.after} is not what {rec.path} measured "
+                                                  f"({m.value if m else 'nothing'})")
+        elif c.reps != m.reps or c.commit != m.commit:
+            ctx.add(where, f"changes[{i}]", f"reps/commit differ from {rec.path} ({m.reps}, {m.commit})")
+        elif e.kind == "frontier-lower" and (c.kind != "frontier" or not c.after < c.before):
+            ctx.add(where, f"changes[{i}]", "a frontier-lower line may only lower a frontier")
+        elif e.kind == "frontier-raise" and c.kind == "frontier" and not c.after > c.before:
+            ctx.add(where, f"changes[{i}]", "a frontier-raise line may only raise a frontier")
+
+
+def _check_ledger(ctx: _Ctx, rounds: Path, recs: dict[str, _Rec]) -> list[tuple[int, LedgerEntry]]:
+    lp = ledger.ledger_path(rounds)
+    try:
+        lines = ledger.read_lines(rounds)
+    except NonCompliant as exc:
+        ctx.add(lp, "<file>", exc.message)
+        lines = lp.read_bytes().split(b"\n")
+    ctx.report.ledger_lines = len(lines)
+    for n, fld, msg in ledger.chain_problems(lines):
+        ctx.add(f"{lp}:{n}", fld, msg)
+    entries: list[tuple[int, LedgerEntry]] = []
+    seen: dict[str, int] = {}
+    for n, raw in enumerate(lines, start=1):
+        try:
+            e = LedgerEntry.model_validate(json.loads(raw))
+        except ValueError:
+            continue  # reported by chain_problems
+        entries.append((n, e))
+        where = f"{lp}:{n}"
+        if e.kind == "round":
+            if e.round_id in seen:
+                ctx.add(where, "round_id", f"round {e.round_id} already on line {seen[e.round_id]}")
+            seen.setdefault(e.round_id, n)
+        elif e.round_id not in seen:
+            ctx.add(where, "round_id", f"{e.kind} line before the round line of {e.round_id} (reordered?)")
+        rec = recs.get(e.round_id)
+        if rec is None:
+            ctx.add(where, "round_id", f"{rounds / (e.round_id + '.json')} is missing or invalid (deleted?)")
+            continue
+        _line_vs_receipt(ctx, where, e, rec)
+        _changes_backed(ctx, where, e, rec)
+    for rid, rec in recs.items():
+        if rid not in seen:
+            ctx.add(rec.path, "<file>", f"no round line in {lp} (deleted line, or an interrupted round: "
+                                        f"`scoreboard frontier resume --receipt {rec.path}`)")
+    return entries
+
+
+def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: list[tuple[int, LedgerEntry]],
+                 recs: dict[str, _Rec]) -> None:
+    last: dict[str, tuple[int, LedgerEntry, Any]] = {}
+    for n, e in entries:
+        for i, c in enumerate(e.changes):
+            prev = last[c.slot][2].after if c.slot in last else 0.0
+            if c.before != prev:
+                ctx.add(f"{ledger.ledger_path(rounds)}:{n}", f"changes[{i}].before",
+                        f"{c.slot} before={c.before} but the ledger had it at {prev}")
+            last[c.slot] = (n, e, c)
+    expected = lock.expected_slots()
+    for name in sorted(set(lock.slots) | {s for s in last if s in expected}):
+        slot = lock.slots.get(name)
+        value = slot.value if slot else 0.0
+        f = f"slots.{name}"
+        ctx.report.slots_checked += 1
+        hit = last.get(name)
+        if hit is None:
+            if value:
+                ctx.add(lock_path, f"{f}.value", f"{value} is not backed by any ledger line (hand-edited; "
+                                                 "slots are written only from sealed receipts)")
+            continue
+        n, e, c = hit
+        if value != c.after:
+            ctx.add(lock_path, f"{f}.value", f"{value} but ledger line {n} (round {e.round_id}) set it to {c.after}"
+                                             " (hand-edited, or an interrupted round: `scoreboard frontier "
+                                             f"resume --receipt {rounds / (e.round_id + '.json')}`)")
+            continue
+        rec = recs.get(e.round_id)
+        if rec is None:
+            continue  # reported with the ledger
+        want = {"round": e.round_id, "commit": c.commit, "reps": c.reps, "measured_at": rec.data["created_at"],
+                "unit": "tok/s", "kind": c.kind}
+        for k, v in want.items():
+            if getattr(slot, k) != v:
+                ctx.add(lock_path, f"{f}.{k}", f"{getattr(slot, k)!r} but ledger line {n} / {rec.path} say {v!r}")
+
+
+def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str | os.PathLike[str] = "rounds",
+           public_key: str | os.PathLike[str] | None = None) -> Report:
+    """Check everything; return a Report (the CLI turns problems into exit 2)."""
+    lock_path, rounds = Path(lock_path), Path(rounds_dir)
+    report = Report(lock=str(lock_path), rounds=str(rounds))
+    ctx = _Ctx(report)
+    trusted = load_public_key(public_key) if public_key else None
+    if trusted is not None:
+        report.signatures = f"every receipt must be signed by {public_key}"
+    lock: Lock | None = None
+    try:
+        lock = load_lock(lock_path)
+    except LockError as exc:
+        for p in exc.problems:
+            ctx.add(lock_path, *_split(p))
+    recs = _check_receipts(ctx, rounds, trusted)
+    entries = _check_ledger(ctx, rounds, recs)
+    if lock is not None:
+        _check_slots(ctx, lock_path, rounds, lock, entries, recs)
+    return report
