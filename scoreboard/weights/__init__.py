@@ -1,0 +1,1 @@
+"""Model weights: generated presets, deterministic generation, and hash verification against the lock."""

@@ -1,0 +1,211 @@
+"""Deterministic random-weight `kimi-k3` GGUFs from a named spec: same spec + seed -> same bytes.
+
+Determinism, by construction: each tensor draws from its own PCG64 stream seeded by
+sha256(seed, tensor name) and read through ``random_raw`` (a raw bit stream numpy keeps stable across
+versions), converted to floats with plain IEEE arithmetic; keys and tensors are written in a fixed
+order; nothing time- or host-dependent is written. Kimi-k3 keys are written as raw strings so the
+PyPI ``gguf`` package (which lacks the kimi-k3 constants) works as well as the vendored gguf-py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError
+from ..models.k3 import ARCH, DECLARED_KEY, K3Config, expected_tensors, key
+from .presets import K3Spec, get_spec
+from .tokenizer import build_tokenizer
+
+GENERATOR_VERSION = 1  # bump when the bytes a spec produces change on purpose
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
+Progress = Callable[[str, float | None], None]
+
+
+def shard_names(spec: K3Spec) -> list[str]:
+    """File names the spec produces, first shard first."""
+    if spec.n_shards == 1:
+        return [f"{spec.name}.gguf"]
+    return [f"{spec.name}-{i:05d}-of-{spec.n_shards:05d}.gguf" for i in range(1, spec.n_shards + 1)]
+
+
+def _uniform(seed: int, name: str, n: int) -> np.ndarray:
+    """n floats in [-1, 1) from the tensor's own stream (float64)."""
+    digest = hashlib.sha256(f"{seed}|{name}".encode()).digest()
+    bits = np.random.PCG64(int.from_bytes(digest[:16], "little")).random_raw(n)
+    return (bits >> np.uint64(11)).astype(np.float64) * (2.0 ** -52) - 1.0
+
+
+def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The float32 values of one tensor (numpy order = reversed ggml shape), damped per LLAMACPP.md."""
+    n = math.prod(shape)
+    u = _uniform(seed, name, n)
+    leaf = name.split(".", 2)[-1] if name.startswith("blk.") else name
+    fan_in = shape[0]
+    sq3 = math.sqrt(3.0)
+
+    def rnd(std: float, mean: float = 0.0) -> np.ndarray:
+        return mean + u * (sq3 * std)
+
+    g = spec.branch_gain
+    situ_rms = 1.5  # RMS of situ(g, u) with gate pre-activation std ~3 and unit up
+    if leaf.endswith("norm.weight"):
+        x = rnd(0.05, 1.0)
+    elif "res_score" in leaf:
+        x = rnd(spec.res_score_std)
+    elif name == "token_embd.weight":
+        x = rnd(1.0)
+    elif name == "output.weight":
+        x = rnd(spec.logit_std / math.sqrt(fan_in))
+    elif leaf == "ssm_a":  # -exp(A_log), folded as the converter does; exp(A_log) in [0.5, 1.5]
+        x = -(1.0 + 0.5 * u)
+    elif leaf == "ssm_dt.bias":  # decay gate bias in [-7, -1]: a spread of memory lengths
+        x = -4.0 + 3.0 * u
+    elif leaf.startswith("ssm_conv1d"):
+        x = rnd(0.5)
+    elif leaf == "exp_probs_b.bias":
+        x = rnd(0.1)
+    elif leaf == "ffn_gate_inp.weight":
+        x = rnd(spec.router_logit_std / math.sqrt(fan_in))
+    elif leaf in ("ffn_gate.weight", "ffn_gate_shexp.weight", "ffn_gate_exps.weight"):
+        x = rnd(spec.gate_preact_std / math.sqrt(fan_in))
+    elif leaf in ("ffn_down.weight", "ffn_down_shexp.weight", "ffn_down_exps.weight"):
+        x = rnd(g / (situ_rms * math.sqrt(fan_in)))
+    elif leaf in ("attn_output.weight", "ffn_routed_up.weight"):
+        x = rnd(2.0 * g / math.sqrt(fan_in) if leaf == "attn_output.weight" else g / math.sqrt(fan_in))
+    else:  # projections into an activation: unit-variance outputs
+        x = rnd(1.0 / math.sqrt(fan_in))
+    return x.astype(np.float32).reshape(tuple(reversed(shape)))
+
+
+def _encode(arr: np.ndarray, shape: tuple[int, ...], weight_type: str) -> tuple[np.ndarray, object | None]:
+    """(data, raw_dtype): matrices in the spec's type; 1-D tensors, conv taps and ssm_a stay f32."""
+    from gguf import GGMLQuantizationType, quants
+
+    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
+        return arr, None
+    if weight_type == "f16":
+        return arr.astype(np.float16), None
+    return quants.quantize(arr, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+
+
+def _nbytes(shape: tuple[int, ...], weight_type: str) -> int:
+    n = math.prod(shape)
+    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
+        return 4 * n
+    return 2 * n if weight_type == "f16" else n // 32 * 34
+
+
+def _split_size(sizes: list[int], n_shards: int) -> int:
+    """Smallest byte limit for which gguf's greedy split (new shard when the next tensor would exceed
+    it) gives at most `n_shards` shards; it must give exactly that many."""
+    def count(limit: int) -> int:
+        shards, cur = 1, 0
+        for s in sizes:
+            if cur > 0 and cur + s > limit:
+                shards, cur = shards + 1, 0
+            cur += s
+        return shards
+
+    lo, hi = max(sizes), sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count(mid) <= n_shards else (mid + 1, hi)
+    if count(lo) != n_shards:
+        raise InputError(f"cannot split into {n_shards} shards at tensor boundaries", "lower n_shards in the spec")
+    return lo
+
+
+def _write_metadata(w, spec: K3Spec, cfg: K3Config, seed: int) -> None:
+    tok = build_tokenizer(spec.n_vocab)
+    if tok.corpus_sha256 != spec.corpus_sha256:
+        raise InputError(f"spec {spec.name}: the tokenizer corpus scoreboard/data/corpus.txt has sha256 "
+                         f"{tok.corpus_sha256}, the spec pins {spec.corpus_sha256}; the tokenizer (and every "
+                         "shard hash) would change",
+                         "restore scoreboard/data/corpus.txt, or give the preset a new corpus_sha256 and re-pin "
+                         "its weights in reference.lock")
+    w.add_name(spec.name)
+    w.add_uint32("general.file_type", FILE_TYPES[spec.weight_type])
+    if spec.weight_type == "q8_0":
+        w.add_uint32("general.quantization_version", 2)
+    u32 = {
+        "vocab_size": cfg.n_vocab, "context_length": cfg.context_length, "embedding_length": cfg.n_embd,
+        "block_count": cfg.n_layer, "feed_forward_length": cfg.dense_ff, "attention.head_count": cfg.n_head,
+        "expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used, "ssm.conv_kernel": cfg.ssm_conv_kernel,
+        "kda.head_dim": cfg.kda_head_dim, "attention.q_lora_rank": cfg.q_lora_rank,
+        "attention.kv_lora_rank": cfg.kv_lora_rank, "rope.dimension_count": cfg.rope_dim,
+        "attention.key_length": cfg.key_length, "attention.value_length": cfg.value_length,
+        "attention.key_length_mla": cfg.key_length_mla, "attention.value_length_mla": cfg.value_length_mla,
+        "expert_feed_forward_length": cfg.expert_ff, "expert_shared_count": cfg.n_expert_shared,
+        "leading_dense_block_count": cfg.n_layer_dense_lead, "expert_gating_func": cfg.expert_gating_func,
+        "expert_latent_length": cfg.expert_latent_length, "attn_res.block_size": cfg.attn_res_block_size,
+    }
+    for k, v in u32.items():
+        w.add_uint32(key(k), int(v))
+    w.add_array(key("attention.head_count_kv"), [int(h) for h in cfg.head_count_kv])  # int32 per layer
+    f32 = {"attention.layer_norm_rms_epsilon": cfg.rms_norm_eps, "kda.gate_lower_bound": cfg.kda_gate_lower_bound,
+           "expert_weights_scale": cfg.expert_weights_scale, "activation.situ_beta": cfg.situ_beta,
+           "activation.situ_linear_beta": cfg.situ_linear_beta}
+    for k, v in f32.items():
+        w.add_float32(key(k), float(v))
+    w.add_bool(key("expert_weights_norm"), cfg.expert_weights_norm)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(list(tok.tokens))
+    w.add_token_types(tok.token_types)
+    w.add_token_merges([f"{a} {b}" for a, b in tok.merges])
+    w.add_bos_token_id(tok.bos_id)
+    w.add_eos_token_id(tok.eos_id)
+    w.add_add_bos_token(False)
+    # provenance (ignored by llama.cpp): what produced these bytes
+    w.add_string("scoreboard.spec", spec.name)
+    w.add_uint64("scoreboard.seed", int(seed))
+    w.add_uint32("scoreboard.generator_version", GENERATOR_VERSION)
+    w.add_array(DECLARED_KEY, [int(x) for x in spec.full_attn_layers])  # 1-indexed
+    w.add_string("scoreboard.tokenizer_corpus_sha256", tok.corpus_sha256)
+
+
+def generate(spec: str | K3Spec, out_dir: Path, seed: int | None = None,
+             progress: Progress | None = None) -> list[Path]:
+    """Write the spec's GGUF shard(s) into `out_dir` atomically; return their paths, first shard first."""
+    from gguf import GGUFWriter
+
+    spec = get_spec(spec) if isinstance(spec, str) else spec
+    spec.validate()
+    seed = spec.default_seed if seed is None else int(seed)
+    cfg = spec.config()
+    plan = [(name, shapes[0]) for name, shapes in expected_tensors(cfg).items()]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = shard_names(spec)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=out_dir))
+    try:
+        split = {}
+        if spec.n_shards > 1:
+            split["split_max_size"] = _split_size([_nbytes(s, spec.weight_type) for _, s in plan], spec.n_shards)
+        w = GGUFWriter(tmp / f"{spec.name}.gguf", ARCH, **split)
+        _write_metadata(w, spec, cfg, seed)
+        for i, (name, shape) in enumerate(plan):
+            data, raw = _encode(_init(spec, seed, name, shape), shape, spec.weight_type)
+            w.add_tensor(name, data, raw_dtype=raw)
+            if progress:
+                progress(f"{spec.name}: {name}", (i + 1) / len(plan))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        produced = sorted(p.name for p in tmp.iterdir())
+        if produced != sorted(names):
+            raise InputError(f"generator wrote {produced}, expected {names}", "report this as a bug")
+        for n in names:
+            os.replace(tmp / n, out_dir / n)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out_dir / n for n in names]

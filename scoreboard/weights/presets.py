@@ -1,0 +1,148 @@
+"""Named, typed specs of generated Kimi-K3-architecture models (chosen by explicit key, never by file name)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import struct
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..models.k3 import GATING_SIGMOID, K3Config
+
+WEIGHT_TYPES = ("f32", "f16", "q8_0")
+CORPUS_V1 = "d999925c74e975a3c0522c2315b04b6bd19bba1a4980c68143170acef1d8bbe3"  # sha256 of data/corpus.txt
+
+
+def _f32(x: float) -> float:
+    """The value a float32 GGUF key reads back as."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+@dataclass(frozen=True)
+class K3Spec:
+    """Everything that determines a generated kimi-k3 GGUF, byte for byte (with the seed)."""
+
+    name: str
+    description: str
+    # architecture
+    n_layer: int
+    full_attn_layers: tuple[int, ...]  # 1-indexed MLA layers, as the HF config lists them
+    n_embd: int
+    n_head: int
+    kda_head_dim: int
+    ssm_conv_kernel: int
+    kda_gate_lower_bound: float
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_dim: int
+    rope_dim: int
+    v_head_dim: int
+    n_layer_dense_lead: int
+    dense_ff: int
+    n_expert: int
+    n_expert_used: int
+    n_expert_shared: int
+    expert_ff: int
+    expert_latent_length: int
+    expert_weights_scale: float
+    situ_beta: float
+    situ_linear_beta: float
+    attn_res_block_size: int
+    n_vocab: int  # 256 byte symbols + learned merges + [BOS] + [EOS]
+    corpus_sha256: str  # the tokenizer's training text (scoreboard/data/corpus.txt): an input to the bytes
+    context_length: int
+    rms_norm_eps: float = 1e-5
+    # file
+    weight_type: str = "f16"  # matrices; 1-D tensors, conv and ssm_a stay f32
+    n_shards: int = 1
+    default_seed: int = 0
+    # damping (LLAMACPP.md: random K3 weights are chaotic unless damped)
+    res_score_std: float = 0.03  # cross-layer residual scores: softmax stays near uniform
+    branch_gain: float = 0.5  # RMS of each residual branch relative to its normalized input
+    gate_preact_std: float = 3.0  # situ gate pre-activation: comparable to situ_beta so the key matters
+    router_logit_std: float = 2.0  # wide router logits: fewer near-ties, fewer top-k flips
+    logit_std: float = 2.5  # output logits
+
+    def config(self) -> K3Config:
+        """The K3Config a GGUF written from this spec declares (no files)."""
+        hkv = tuple(1 if (il + 1) in self.full_attn_layers else 0 for il in range(self.n_layer))
+        return K3Config(
+            n_layer=self.n_layer, n_embd=self.n_embd, n_vocab=self.n_vocab, n_head=self.n_head, head_count_kv=hkv,
+            rms_norm_eps=_f32(self.rms_norm_eps), q_lora_rank=self.q_lora_rank, kv_lora_rank=self.kv_lora_rank,
+            rope_dim=self.rope_dim, key_length_mla=self.qk_nope_dim + self.rope_dim, value_length_mla=self.v_head_dim,
+            key_length=self.kv_lora_rank + self.rope_dim, value_length=self.kv_lora_rank,
+            kda_head_dim=self.kda_head_dim, ssm_conv_kernel=self.ssm_conv_kernel,
+            kda_gate_lower_bound=self.kda_gate_lower_bound, n_layer_dense_lead=self.n_layer_dense_lead,
+            dense_ff=self.dense_ff, n_expert=self.n_expert, n_expert_used=self.n_expert_used,
+            n_expert_shared=self.n_expert_shared, expert_ff=self.expert_ff,
+            expert_latent_length=self.expert_latent_length, expert_weights_scale=self.expert_weights_scale,
+            expert_weights_norm=True, expert_gating_func=GATING_SIGMOID, situ_beta=self.situ_beta,
+            situ_linear_beta=self.situ_linear_beta, attn_res_block_size=self.attn_res_block_size,
+            context_length=self.context_length, bos_token_id=self.n_vocab - 2, eos_token_id=self.n_vocab - 1,
+        )
+
+    def validate(self) -> None:
+        """Refuse a spec llama.cpp could not load or that would not exercise the architecture."""
+        problems = []
+        if self.weight_type not in WEIGHT_TYPES:
+            problems.append(f"weight_type {self.weight_type!r} is not one of {WEIGHT_TYPES}")
+        if any(not 1 <= x <= self.n_layer for x in self.full_attn_layers):
+            problems.append(f"full_attn_layers {list(self.full_attn_layers)} must be 1-indexed in 1..{self.n_layer}")
+        if not self.full_attn_layers or len(set(self.full_attn_layers)) == self.n_layer:
+            problems.append("need at least one KDA and one MLA layer (llama.cpp aborts at context creation)")
+        if self.n_vocab < 258 + 1:
+            problems.append(f"n_vocab {self.n_vocab} leaves no room for merges (256 bytes + 2 specials)")
+        if not 1 <= self.n_expert_used <= self.n_expert:
+            problems.append(f"n_expert_used {self.n_expert_used} must be in 1..{self.n_expert}")
+        if self.n_shards < 1:
+            problems.append(f"n_shards must be >= 1, got {self.n_shards}")
+        if self.weight_type == "q8_0":
+            cfg = self.config()
+            from ..models.k3 import expected_tensors
+            bad = [n for n, s in expected_tensors(cfg).items() if len(s[0]) in (2, 3) and s[0][0] % 32]
+            if bad:
+                problems.append(f"q8_0 needs rows that are multiples of 32: {', '.join(bad[:4])}")
+        if problems:
+            raise InputError(f"spec {self.name!r}: " + "; ".join(problems),
+                             "fix the preset in scoreboard/weights/presets.py")
+
+
+_K3_MINI = K3Spec(
+    name="k3-mini",
+    description="tiny Kimi K3 for CPU rounds and CI: 6 layers (4 KDA + 2 MLA at 1-indexed 3, 6), latent MoE "
+                "8 experts top-2 + 1 shared, situ, residual attention every 2 layers, byte-level BPE vocab 512",
+    n_layer=6, full_attn_layers=(3, 6), n_embd=256, n_head=2, kda_head_dim=128, ssm_conv_kernel=4,
+    kda_gate_lower_bound=-5.0, q_lora_rank=128, kv_lora_rank=128, qk_nope_dim=64, rope_dim=64, v_head_dim=64,
+    n_layer_dense_lead=1, dense_ff=256, n_expert=8, n_expert_used=2, n_expert_shared=1, expert_ff=128,
+    expert_latent_length=128, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
+    attn_res_block_size=2, n_vocab=512, corpus_sha256=CORPUS_V1, context_length=8192,
+    weight_type="f32", n_shards=3, default_seed=0,
+)
+
+_K3_MINI_SMOOTH = dataclasses.replace(
+    _K3_MINI, name="k3-mini-smooth", n_expert_used=8,
+    description="k3-mini with every routed expert active (no top-k routing flips), for tight numerical checks")
+
+_K3_MID = K3Spec(
+    name="k3-mid",
+    description="about 1.7 B parameters for GPU runs: 8 layers (6 KDA + 2 MLA at 1-indexed 4, 8), n_embd 2048, "
+                "16 heads, 64 experts top-8 + 1 shared; generated on the GPU box, never committed",
+    n_layer=8, full_attn_layers=(4, 8), n_embd=2048, n_head=16, kda_head_dim=128, ssm_conv_kernel=4,
+    kda_gate_lower_bound=-5.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, rope_dim=64, v_head_dim=128,
+    n_layer_dense_lead=1, dense_ff=8192, n_expert=64, n_expert_used=8, n_expert_shared=1, expert_ff=1024,
+    expert_latent_length=1024, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
+    attn_res_block_size=2, n_vocab=1024, corpus_sha256=CORPUS_V1, context_length=65536,
+    weight_type="f16", n_shards=4, default_seed=0,
+)
+
+PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID)}
+
+
+def get_spec(name: str) -> K3Spec:
+    """A preset by its exact name; unknown names get did-you-mean."""
+    if name in PRESETS:
+        return PRESETS[name]
+    close = difflib.get_close_matches(name, PRESETS, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"presets: {', '.join(PRESETS)}"
+    raise InputError(f"unknown model spec {name!r}", hint)
