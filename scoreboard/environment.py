@@ -45,7 +45,7 @@ def _cpu() -> dict[str, Any]:
     return info
 
 
-def _ram_gib() -> float:
+def ram_gib() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
@@ -55,7 +55,7 @@ def _ram_gib() -> float:
     return 0.0
 
 
-def _gpus() -> dict[str, Any]:
+def gpus() -> dict[str, Any]:
     """GPUs via nvidia-smi: observed (current) clocks, not the card's maximum (LESSONS 21)."""
     if shutil.which("nvidia-smi") is None:
         return {"count": 0, "devices": []}
@@ -111,7 +111,7 @@ def fingerprint(root: Path | None = None) -> dict[str, Any]:
     """Collect the environment fingerprint. Never raises: missing parts are empty/None."""
     root = root or Path(__file__).resolve().parent.parent
     fp: dict[str, Any] = {}
-    for key, fn in (("cpu", _cpu), ("ram_gib", _ram_gib), ("gpu", _gpus), ("packages", _packages),
+    for key, fn in (("cpu", _cpu), ("ram_gib", ram_gib), ("gpu", gpus), ("packages", _packages),
                     ("harness", lambda: _harness_git(root))):
         try:
             fp[key] = fn()

@@ -135,12 +135,12 @@ def _arch(lock, target_id: str, target, weights_dir: Path | None) -> ArchNumbers
 
 def detect_usable(node, device: str, node_id: str = "") -> tuple[int, float, str]:
     """(ranks, usable GiB per rank, source): from the devices present, else the node class."""
-    from .environment import _gpus, _ram_gib
+    from .environment import gpus, ram_gib
 
     if device == "cpu":
-        ram = _ram_gib()
+        ram = ram_gib()
         return 1, ram, "host RAM, /proc/meminfo" if ram else "unknown"
-    gpus = _gpus()
+    gpus = gpus()
     devs = [d for d in gpus.get("devices", []) if d.get("memory_mib")]
     if devs:
         return len(devs), min(d["memory_mib"] for d in devs) / 1024.0, f"nvidia-smi memory.total, {len(devs)} device(s)"

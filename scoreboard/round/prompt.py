@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import InputError
-from ..tokenizer import BPETokenizer
+from ..weights.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def corpus_text(path: Path | None = None) -> str:
     return resources.files("scoreboard").joinpath("data/corpus.txt").read_text(encoding="utf-8")
 
 
-def draw_prompt(tokenizer: BPETokenizer, n_tokens: int, seed: int, corpus: str | None = None) -> Prompt:
+def draw_prompt(tokenizer: Tokenizer, n_tokens: int, seed: int, corpus: str | None = None) -> Prompt:
     """Paragraphs in a seed-shuffled order, tiled until `n_tokens` ids exist; truncated to n_tokens.
 
     The seed is recorded in the receipt: the same seed reproduces the same ids bit for bit.

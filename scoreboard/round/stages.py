@@ -13,7 +13,6 @@ from .. import environment, registry
 from ..engine import Engine, LogitsRequest, Prepared, Workload
 from ..errors import EngineError, InputError
 from ..gate import GateResult, gate_positions, grade_depth
-from ..tokenizer import BPETokenizer
 from .candidate import import_root
 from .prompt import Prompt, draw_prompt
 from .schedule import balanced_schedule
@@ -34,9 +33,8 @@ class PreflightResult:
 
 def preflight(rnd: "Round") -> PreflightResult:
     """Refuse rather than run something else: node class, weights, model config, fit, reference build."""
-    from ..fit import check_fit
+    from ..fit import check_fit, fit_budget
     from ..models.k3 import load_k3_config
-    from ..weights.verify import ensure_weights
 
     t, lock, r = rnd.target, rnd.lock, rnd.receipt
     fp = environment.fingerprint()
@@ -47,12 +45,13 @@ def preflight(rnd: "Round") -> PreflightResult:
                          + "\n  ".join(bad), f"run `scoreboard env --target {rnd.target_id}` and use a matching box")
     weights = lock.weights[t.weights]
     rnd.report("step", message=f"verifying {len(weights.files)} weight shard(s) of {t.weights}")
-    shards = ensure_weights(lock, t.weights, rnd.opts.cache_dir, report=rnd.report)
+    shards = _weights(rnd, t.weights)
     r["weights"] = {"id": t.weights, "fully_pinned": weights.fully_pinned,
                     "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in weights.files]}
     rnd.report("step", message="model config checks")
     config = load_k3_config(shards[0])
-    fit = check_fit(lock, rnd.target_id, config=config)
+    fit = check_fit(fit_budget(lock, rnd.target_id, weights_dir=shards[0].parent))
+    rnd.report("step", message=f"fit: {fit.summary()}")
     rnd.pre = PreflightResult(shards, registry.load(t.reference_engine), None, config, fit)  # type: ignore[arg-type]
     ref_target = rnd.engine_target(reference=lock.references[t.reference])
     rnd.report("step", message=f"preparing reference {t.reference_engine} at its pin (build re-verified)")
@@ -61,6 +60,17 @@ def preflight(rnd: "Round") -> PreflightResult:
     rnd.pre.ref_prepared = ref_prepared
     r["reference"] = {"engine": t.reference_engine, "identity": ref_prepared.identity.as_dict()}
     return rnd.pre
+
+
+def _weights(rnd: "Round", weights_id: str) -> list[Path]:
+    """Every shard re-hashed against the lock (generated weights are generated first if absent)."""
+    from ..weights.verify import ensure_generated, verify_weights, weights_dir
+
+    w = rnd.lock.weights[weights_id]
+    cache = rnd.opts.cache_dir
+    if w.repo == "generated":
+        return ensure_generated(rnd.lock, weights_id, cache)
+    return verify_weights(rnd.lock, weights_id, weights_dir(weights_id, cache)).paths
 
 
 def _side(rnd: "Round", source, identity: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +86,9 @@ class GateStage:
         t = rnd.target
         self.decode_metrics = [m for m in t.metrics if m.phase == "decode"]
         need = max([max(t.gate.depths)] + [m.depth + m.n_tokens for m in t.metrics])
-        tok = BPETokenizer.from_gguf(rnd.pre.shards[0])
+        from ..weights.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_gguf(rnd.pre.shards[0])
         self.prompt: Prompt = draw_prompt(tok, need, rnd.seed)
         self.greedy: dict[str, list[int]] = {}
 

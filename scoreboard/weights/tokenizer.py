@@ -127,6 +127,27 @@ class Tokenizer:
             out.extend(ids[p] for p in parts)
         return out
 
+    @classmethod
+    def from_gguf(cls, path) -> "Tokenizer":
+        """The vocabulary a GGUF carries (`tokenizer.ggml.tokens` / `.merges`): the harness encodes
+        prompts with it, so both engines receive the same ids and neither chooses them."""
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(path)).fields
+
+        def strings(key: str) -> list[str]:
+            f = fields.get(key)
+            if f is None:
+                raise InputError(f"{path}: GGUF has no {key}", "the harness needs a byte-level BPE vocabulary")
+            return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+        tokens = tuple(strings("tokenizer.ggml.tokens"))
+        merges = tuple(tuple(m.split(" ", 1)) for m in strings("tokenizer.ggml.merges"))
+        missing = [c for c in byte_symbols() if c not in set(tokens)]
+        if missing:
+            raise InputError(f"{path}: not a byte-level BPE vocabulary ({len(missing)} byte symbols missing)")
+        return cls(tokens=tokens, merges=merges, corpus_sha256="")  # type: ignore[arg-type]
+
     def decode(self, ids: list[int]) -> str:
         back = {s: b for b, s in enumerate(byte_symbols())}
         data = bytearray()
