@@ -1,0 +1,113 @@
+"""llama-bench driver: the reference's own clock. Builds the exact command, runs it, parses `-o json` strictly.
+
+Depth semantics (LESSONS 5): decode at depth D is ``-p 0 -n N -d D`` (D tokens really in the KV cache, filled
+untimed, then N tokens generated and timed); prefill is ``-p N -n 0 -d D``. Rates are never read from the tool
+(`avg_ts` is a mean of per-rep rates): each raw `samples_ns` entry becomes one Rep with its token count.
+llama-bench feeds random token ids, so a Rep carries no generated ids. Its own single warm-up run (default) is
+not part of `samples_ns`; the harness's warm-up reps are separate calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scoreboard.engine import Geometry, Rep, Workload
+from scoreboard.errors import EngineError, TransientError
+
+_OOM = re.compile(r"out of memory|cudaMalloc failed|failed to allocate|std::bad_alloc", re.IGNORECASE)
+_LOAD = re.compile(r"failed to load model|error loading model|unable to load model", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the reference runs, identical for llama-bench and the logits dumper; recorded with every result."""
+
+    threads: int
+    flash_attn: int  # 1 on, 0 off, -1 auto
+    n_gpu_layers: int  # 99 on CUDA (all layers), 0 on CPU
+
+    def bench_flags(self) -> list[str]:
+        return ["-t", str(self.threads), "-fa", str(self.flash_attn), "-ngl", str(self.n_gpu_layers)]
+
+
+@dataclass
+class BenchResult:
+    command: list[str]
+    record: dict[str, Any]
+    reps: list[Rep] = field(default_factory=list)
+
+
+def bench_command(llama_bench: Path, model: Path, workload: Workload, geometry: Geometry, settings: RunSettings,
+                  reps: int) -> list[str]:
+    """The exact argv for one workload; -d carries the depth, -p/-n the timed part only."""
+    if reps < 1:
+        raise EngineError(f"llama-bench needs reps >= 1, got {reps}")
+    n_prompt, n_gen = (0, workload.n_tokens) if workload.phase == "decode" else (workload.n_tokens, 0)
+    return [str(llama_bench), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-d", str(workload.depth),
+            "-r", str(reps), "-b", str(geometry.n_batch), "-ub", str(geometry.n_ubatch), *settings.bench_flags(),
+            "-o", "json"]
+
+
+def parse_bench_json(stdout: str, workload: Workload, geometry: Geometry, settings: RunSettings, reps: int,
+                     build_commit: str, where: str = "llama-bench") -> dict[str, Any]:
+    """The one test record of a run, checked against what was asked for (a mismatch is an error, never a guess)."""
+    try:
+        data = json.loads(stdout)
+    except ValueError as exc:
+        raise EngineError(f"{where}: output is not JSON ({exc}): {stdout[:200]!r}") from None
+    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
+        raise EngineError(f"{where}: expected exactly one test record, got {type(data).__name__} "
+                          f"of {len(data) if isinstance(data, list) else '?'}")
+    rec = data[0]
+    n_prompt, n_gen = (0, workload.n_tokens) if workload.phase == "decode" else (workload.n_tokens, 0)
+    want = {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": workload.depth, "n_batch": geometry.n_batch,
+            "n_ubatch": geometry.n_ubatch, "n_threads": settings.threads, "flash_attn": settings.flash_attn,
+            "n_gpu_layers": settings.n_gpu_layers, "build_commit": build_commit}
+    bad = [f"{k}={rec.get(k)!r} (asked {v!r})" for k, v in want.items() if rec.get(k) != v]
+    if bad:
+        raise EngineError(f"{where}: the run does not match the request: {', '.join(bad)}",
+                          "the binary or its flags are not the pinned ones; run prepare again")
+    samples = rec.get("samples_ns")
+    if (not isinstance(samples, list) or len(samples) != reps
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in samples)):
+        raise EngineError(f"{where}: samples_ns must hold {reps} positive integers, got {samples!r}")
+    return rec
+
+
+def classify_failure(step: str, rc: int, log: Path, model: Path, text: str) -> EngineError:
+    tail = "\n".join(text.strip().splitlines()[-15:])
+    if _OOM.search(text):
+        return TransientError(f"{step} ran out of memory (exit {rc}); log: {log}\n{tail}",
+                              "free device/host memory and retry; check `scoreboard fit` for the target")
+    if _LOAD.search(text):
+        return EngineError(f"{step} could not load model {model} (exit {rc}); log: {log}\n{tail}",
+                           "check the weights (`scoreboard verify`), the model architecture and the llama.cpp pin")
+    return EngineError(f"{step} failed (exit {rc}); log: {log}\n{tail}", f"read {log}")
+
+
+def run_bench(llama_bench: Path, model: Path, workload: Workload, geometry: Geometry, settings: RunSettings,
+              reps: int, build_commit: str, log: Path, timeout_s: float | None = None) -> BenchResult:
+    """Run llama-bench once and return one Rep per raw sample (clock = "reference-tool")."""
+    cmd = bench_command(llama_bench, model, workload, geometry, settings, reps)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")
+        raise EngineError(f"llama-bench timed out after {timeout_s} s; log: {log}",
+                          "raise speed.timeout_s or check the box") from None
+    log.write_text(f"$ {shlex.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n"
+                   f"--- stderr\n{proc.stderr}", encoding="utf-8")
+    if proc.returncode != 0:
+        raise classify_failure("llama-bench", proc.returncode, log, model, proc.stderr + proc.stdout)
+    rec = parse_bench_json(proc.stdout, workload, geometry, settings, reps, build_commit, f"llama-bench (log: {log})")
+    out = [Rep(ns=int(s), n_tokens=workload.n_tokens, token_ids=[], clock="reference-tool", command=list(cmd))
+           for s in rec["samples_ns"]]
+    return BenchResult(command=cmd, record=rec, reps=out)

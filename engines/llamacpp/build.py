@@ -1,0 +1,494 @@
+"""Clean, cache-keyed llama.cpp builds: one directory per (source, flags, toolchain, CPU/GPU arch), hashes re-checked.
+
+Layout (under ``<cache>/llamacpp/build/<key>/``)::
+
+    src/            a fresh copy of the pinned source, materialized for this build only
+    build/          the CMake binary dir; build/bin holds every binary and shared library
+    logs/           configure.log, build.log, dumper.log (kept; their tail is shown on failure)
+    manifest.json   written last, atomically, after a successful build and hash: the "good" marker
+
+Manifest format history (``format``): 1 — this version.
+
+A build is "good" only while ``manifest.json`` exists and every file in ``build/bin`` re-hashes to the
+recorded sha256 (a candidate running as root could tamper with a persisted reference). Anything else is
+rebuilt clean: the whole tree, or only the logits dumper when that is the one binary that differs (the
+dumper is a single translation unit compiled straight to its binary, so its rebuild is clean too).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from scoreboard.errors import EngineError, InputError
+from scoreboard.lockfile import GitReference, SdistReference, atomic_write_text
+
+from . import source
+
+Progress = Callable[[str, "float | None"], None]
+
+MANIFEST_FORMAT = 1
+KEY_FORMAT = 1  # bump to invalidate every cached build
+DEFAULT_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                       "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF")
+TARGETS = ("llama", "llama-bench", "llama-quantize", "llama-gguf-split", "llama-imatrix")
+TOOLS = ("llama-bench", "llama-quantize", "llama-gguf-split", "llama-imatrix")
+DUMPER = "scoreboard-dump-logits"
+DUMPER_SOURCE = Path(__file__).with_name("cpp") / "dump_logits.cpp"
+DUMPER_FLAGS = ("-O2", "-std=c++17", "-Wall")
+_ENGINE_SET = ("LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "BUILD_SHARED_LIBS", "CMAKE_C_COMPILER",
+               "CMAKE_CXX_COMPILER", "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "GGML_CUDA")
+_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\]")
+_MAKE_STATUS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+# ----------------------------------------------------------------------------------------------
+# toolchain and plan
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Resolved tools and their versions; all of it is part of the build key."""
+
+    cmake: str
+    cmake_version: str
+    generator: str  # "Ninja" or "Unix Makefiles"
+    cc: str
+    cxx: str
+    compiler: str  # first line of `c++ --version`
+    nvcc: str = ""
+    nvcc_version: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+def _version_line(exe: str, step: str) -> str:
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineError(f"llama.cpp build step {step!r}: cannot run {exe} --version: {exc}",
+                          "install the tool or fix PATH, then run prepare again") from None
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    if out.returncode != 0 or not lines:
+        raise EngineError(f"llama.cpp build step {step!r}: {exe} --version failed (exit {out.returncode})",
+                          "install a working toolchain, then run prepare again")
+    return lines[0]
+
+
+def _which(env: str, *names: str) -> str | None:
+    want = os.environ.get(env)
+    candidates = [want] if want else list(names)
+    for name in candidates:
+        found = shutil.which(name)
+        if found:
+            return os.path.realpath(found)
+    return None
+
+
+def find_nvcc() -> str | None:
+    found = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.access(p, os.X_OK)), None)
+    return os.path.realpath(found) if found else None
+
+
+def detect_toolchain(device: str = "cpu") -> Toolchain:
+    """Resolve cmake, the C/C++ compilers (env CC/CXX first) and, for CUDA, nvcc; refuse loudly if one is missing."""
+    cmake = _which("CMAKE", "cmake")
+    if not cmake:
+        raise EngineError("llama.cpp build step 'toolchain': cmake not found on PATH",
+                          "install CMake >= 3.14 (`apt-get install cmake` or `pip install cmake`), "
+                          "then run prepare again")
+    cxx = _which("CXX", "c++", "g++", "clang++")
+    if not cxx:
+        raise EngineError("llama.cpp build step 'toolchain': no C++ compiler found ($CXX, c++, g++, clang++)",
+                          "install one (`apt-get install g++`) or set CXX, then run prepare again")
+    cc = _which("CC", "cc", "gcc", "clang")
+    if not cc:
+        raise EngineError("llama.cpp build step 'toolchain': no C compiler found ($CC, cc, gcc, clang)",
+                          "install one (`apt-get install gcc`) or set CC, then run prepare again")
+    cmake_version = _version_line(cmake, "toolchain").split()[-1]
+    generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
+    nvcc = nvcc_version = ""
+    if device == "cuda":
+        nvcc = find_nvcc() or ""
+        if not nvcc:
+            raise EngineError("llama.cpp build step 'toolchain': the target runs on cuda but nvcc was not found",
+                              "install the CUDA toolkit (nvcc on PATH or /usr/local/cuda/bin), then run prepare again")
+        nvcc_version = _nvcc_release(nvcc)
+    return Toolchain(cmake=cmake, cmake_version=cmake_version, generator=generator, cc=cc, cxx=cxx,
+                     compiler=_version_line(cxx, "toolchain"), nvcc=nvcc, nvcc_version=nvcc_version)
+
+
+def _nvcc_release(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.findall(r"release [^\n]*", out)
+    return found[-1].strip() if found else out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def cuda_architectures() -> str:
+    """`CMAKE_CUDA_ARCHITECTURES` from the devices present (compute_cap 9.0 -> "90"); refuses without a GPU."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        raise EngineError("llama.cpp build step 'toolchain': the target runs on cuda but nvidia-smi was not found",
+                          "run on a machine with an NVIDIA GPU and driver, or use a cpu target")
+    out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False)
+    caps = sorted({ln.strip().replace(".", "") for ln in out.stdout.splitlines() if ln.strip()})
+    if out.returncode != 0 or not caps or not all(c.isdigit() for c in caps):
+        raise EngineError(f"llama.cpp build step 'toolchain': no CUDA device found (nvidia-smi exit {out.returncode}: "
+                          f"{(out.stdout + out.stderr).strip()[:200]})", "check the driver with `nvidia-smi`")
+    return ";".join(caps)
+
+
+def cpu_fingerprint() -> dict[str, str]:
+    """What GGML_NATIVE compiles for: machine, CPU model and the sha256 of its feature flags."""
+    model, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = val.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(val.split()))
+    except OSError:
+        pass
+    return {"machine": platform.machine(), "model": model or platform.processor(),
+            "flags_sha256": hashlib.sha256(flags.encode()).hexdigest()}
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything a build depends on. `key()` names its cache directory."""
+
+    reference: GitReference | SdistReference
+    ref_id: str
+    device: str
+    toolchain: Toolchain
+    cmake_flags: tuple[str, ...]  # the full configure flag list, pinned + engine-derived
+    targets: tuple[str, ...]
+    cpu: dict[str, str]
+    cuda_arch: str = ""
+    build_commit: str = ""
+
+    def key_inputs(self) -> dict[str, Any]:
+        return {"key_format": KEY_FORMAT, "source": self.reference.identity(), "device": self.device,
+                "cmake_flags": list(self.cmake_flags), "targets": list(self.targets),
+                "toolchain": self.toolchain.as_dict(), "cpu": self.cpu, "cuda_arch": self.cuda_arch}
+
+    def key(self) -> str:
+        blob = json.dumps(self.key_inputs(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def pinned_flags(reference: GitReference | SdistReference, ref_id: str) -> tuple[str, ...]:
+    """The reference's cmake_flags (or the defaults); flags the engine sets itself are refused."""
+    flags = tuple(reference.cmake_flags) or DEFAULT_CMAKE_FLAGS
+    for i, flag in enumerate(flags):
+        name = flag[2:].split("=", 1)[0].split(":", 1)[0] if flag.startswith("-D") else ""
+        if name in _ENGINE_SET:
+            raise InputError(f"references.{ref_id}.cmake_flags[{i}]: {flag!r} is set by the llamacpp engine "
+                             f"(build stamp, shared libs, compilers, CUDA)", "remove it from reference.lock")
+        if not flag.startswith("-D"):
+            raise InputError(f"references.{ref_id}.cmake_flags[{i}]: {flag!r} is not a -DNAME=VALUE cache entry",
+                             "only -D flags are part of a pin")
+    return flags
+
+
+def plan_build(reference: GitReference | SdistReference, device: str = "cpu", ref_id: str = "<id>") -> BuildPlan:
+    """Resolve the toolchain and the full flag list for `reference` on `device` (cheap: no build, no network)."""
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be 'cpu' or 'cuda', not {device!r}")
+    tc = detect_toolchain(device)
+    stamp = source.build_stamp(reference)
+    flags = list(pinned_flags(reference, ref_id))
+    flags += [f"-DLLAMA_BUILD_COMMIT={stamp}", "-DLLAMA_BUILD_NUMBER=0", "-DBUILD_SHARED_LIBS=ON",
+              f"-DCMAKE_C_COMPILER={tc.cc}", f"-DCMAKE_CXX_COMPILER={tc.cxx}"]
+    arch = ""
+    if device == "cuda":
+        arch = cuda_architectures()
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}", f"-DCMAKE_CUDA_COMPILER={tc.nvcc}"]
+    return BuildPlan(reference=reference, ref_id=ref_id, device=device, toolchain=tc, cmake_flags=tuple(flags),
+                     targets=TARGETS, cpu=cpu_fingerprint(), cuda_arch=arch, build_commit=stamp)
+
+
+# ----------------------------------------------------------------------------------------------
+# a verified build
+
+@dataclass(frozen=True)
+class Build:
+    """A good build: its directory, the manifest it was verified against, and where its binaries are."""
+
+    root: Path
+    manifest: dict[str, Any]
+    rebuilt: str = ""  # "", "full" or "dumper": what this prepare had to (re)build
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "build" / "bin"
+
+    @property
+    def binaries(self) -> dict[str, str]:
+        return dict(self.manifest["binaries"])
+
+    def tool(self, name: str) -> Path:
+        """Path of a built executable, e.g. tool("llama-quantize"); only names recorded in the manifest."""
+        if name not in self.manifest["binaries"] or name not in (*TOOLS, DUMPER):
+            raise EngineError(f"llama.cpp build {self.root.name} has no tool {name!r}",
+                              f"tools: {', '.join((*TOOLS, DUMPER))}")
+        return self.bin_dir / name
+
+    def verify(self) -> list[str]:
+        """Re-hash every binary against the manifest; return the problems (empty = good)."""
+        return verify_binaries(self.bin_dir, self.manifest)
+
+
+def sha256_file(path: Path) -> str:
+    return source.sha256_file(path)
+
+
+def _scan_bin(bin_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(regular file -> sha256, symlink -> target) for every entry of bin_dir."""
+    files, links = {}, {}
+    for p in sorted(bin_dir.iterdir()):
+        if p.is_symlink():
+            links[p.name] = os.readlink(p)
+        elif p.is_file():
+            files[p.name] = sha256_file(p)
+    return files, links
+
+
+def verify_binaries(bin_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    if not bin_dir.is_dir():
+        return [f"{bin_dir} is missing"]
+    files, links = _scan_bin(bin_dir)
+    want, want_links = manifest.get("binaries", {}), manifest.get("links", {})
+    problems = []
+    for name, sha in sorted(want.items()):
+        if name not in files:
+            problems.append(f"{name}: missing")
+        elif files[name] != sha:
+            problems.append(f"{name}: sha256 {files[name]} != recorded {sha}")
+    problems += [f"{name}: not recorded in the manifest" for name in sorted(set(files) - set(want))]
+    for name, target in sorted(want_links.items()):
+        if links.get(name) != target:
+            problems.append(f"{name}: link -> {links.get(name)!r}, recorded -> {target!r}")
+    problems += [f"{name}: link not recorded in the manifest" for name in sorted(set(links) - set(want_links))]
+    return problems
+
+
+def read_manifest(root: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        return None
+    return data
+
+
+def invalidate(root: Path) -> None:
+    """Un-mark a build as good (the manifest goes first, before anything is touched)."""
+    try:
+        (root / "manifest.json").unlink()
+    except FileNotFoundError:
+        pass
+
+
+def build_root(cache_dir: Path, plan: BuildPlan) -> Path:
+    return Path(cache_dir) / "llamacpp" / "build" / plan.key()
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _say(progress: Progress | None, msg: str, frac: float | None = None) -> None:
+    if progress is not None:
+        progress(msg, frac)
+
+
+# ----------------------------------------------------------------------------------------------
+# running steps
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def run_step(step: str, cmd: list[str], log: Path, cwd: Path | None = None, progress: Progress | None = None,
+             env: dict[str, str] | None = None) -> None:
+    """Run one build step, streaming its output to `log` (and build progress to `progress`); fail loudly."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _say(progress, f"llama.cpp {step}: {log}")
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        fh.flush()
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    errors="replace", env=env)
+        except OSError as exc:
+            fh.write(f"\n{exc}\n")
+            raise EngineError(f"llama.cpp build failed at step {step!r}: cannot run {cmd[0]}: {exc}; log: {log}",
+                              "install the missing tool, then run prepare again (nothing was marked good)") from None
+        last = -1.0
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fh.write(line)
+            fh.flush()  # `tail -f` on a running build
+            m = _NINJA_STATUS.match(line) or _MAKE_STATUS.match(line)
+            if m and progress is not None:
+                frac = int(m.group(1)) / int(m.group(2)) if m.re is _NINJA_STATUS else int(m.group(1)) / 100
+                if frac - last >= 0.01 or frac >= 1.0:
+                    last = frac
+                    progress(f"llama.cpp {step} {line.split(' ', 1)[0]}", frac)
+        rc = proc.wait()
+        fh.write(f"\n[exit {rc}]\n")
+    if rc != 0:
+        raise EngineError(f"llama.cpp build failed at step {step!r} (exit {rc}); log: {log}\n{_tail(log)}",
+                          f"read {log}, fix the toolchain or the pin, then run prepare again (nothing was marked good)")
+
+
+def _dumper_inputs(plan: BuildPlan) -> dict[str, Any]:
+    return {"source_sha256": sha256_file(DUMPER_SOURCE), "flags": list(DUMPER_FLAGS), "compiler": plan.toolchain.cxx,
+            "compiler_version": plan.toolchain.compiler}
+
+
+def build_dumper(plan: BuildPlan, root: Path, progress: Progress | None = None) -> dict[str, Any]:
+    """Compile the logits dumper (one TU) against the built libllama into build/bin, atomically."""
+    src, bin_dir = root / "src", root / "build" / "bin"
+    tmp = bin_dir / f".{DUMPER}.tmp"
+    cmd = [plan.toolchain.cxx, *DUMPER_FLAGS, f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}",
+           str(DUMPER_SOURCE), "-o", str(tmp), f"-L{bin_dir}", "-lllama", f"-Wl,-rpath,{bin_dir}"]
+    run_step("dumper", cmd, root / "logs" / "dumper.log", progress=progress)
+    os.replace(tmp, bin_dir / DUMPER)
+    return dict(_dumper_inputs(plan), command=cmd, headers=_header_hashes(src))
+
+
+def _header_hashes(src: Path) -> dict[str, str]:
+    """sha256 of the public headers the dumper compiles against (checked before a dumper-only rebuild)."""
+    return {str(p.relative_to(src)): sha256_file(p)
+            for d in (src / "include", src / "ggml" / "include") if d.is_dir() for p in sorted(d.glob("*.h"))}
+
+
+def _check_stamp(plan: BuildPlan, root: Path) -> None:
+    info = root / "build" / "common" / "build-info.cpp"
+    if info.exists() and f'"{plan.build_commit}"' not in info.read_text(encoding="utf-8", errors="replace"):
+        raise EngineError(f"llama.cpp build step 'stamp': {info} does not carry LLAMA_BUILD_COMMIT={plan.build_commit}",
+                          "the pinned source ignores the stamp; check references.<id>.cmake_flags")
+
+
+def full_build(plan: BuildPlan, root: Path, cache_dir: Path, progress: Progress | None = None,
+               pip_args: list[str] | None = None) -> dict[str, Any]:
+    """Wipe `root`, materialize the pinned source, configure, build the targets and the dumper; return the manifest
+    body (binaries not yet hashed)."""
+    if root.exists():
+        shutil.rmtree(root)
+    (root / "logs").mkdir(parents=True)
+    atomic_write_text(root / "inputs.json", json.dumps(plan.key_inputs(), indent=2, sort_keys=True) + "\n")
+    t0 = time.monotonic()
+    info = source.materialize(plan.reference, cache_dir, root / "src", plan.ref_id, pip_args, progress)
+    t1 = time.monotonic()
+    tc = plan.toolchain
+    configure = [tc.cmake, "-S", str(root / "src"), "-B", str(root / "build"), "-G", tc.generator, *plan.cmake_flags]
+    run_step("configure", configure, root / "logs" / "configure.log", progress=progress)
+    t2 = time.monotonic()
+    jobs = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    build = [tc.cmake, "--build", str(root / "build"), "--target", *plan.targets, "-j", jobs]
+    run_step("build", build, root / "logs" / "build.log", progress=progress)
+    _check_stamp(plan, root)
+    t3 = time.monotonic()
+    dumper = build_dumper(plan, root, progress)
+    t4 = time.monotonic()
+    return {"source": {**info.identity, "build_commit": info.build_commit, **info.detail},
+            "configure_command": configure, "build_command": build, "dumper": dumper,
+            "durations_s": {"source": round(t1 - t0, 3), "configure": round(t2 - t1, 3),
+                            "build": round(t3 - t2, 3), "dumper": round(t4 - t3, 3)}}
+
+
+def _write_manifest(plan: BuildPlan, root: Path, body: dict[str, Any]) -> dict[str, Any]:
+    bin_dir = root / "build" / "bin"
+    files, links = _scan_bin(bin_dir)
+    missing = [t for t in (*TOOLS, DUMPER) if t not in files]
+    if missing:
+        raise EngineError(f"llama.cpp build step 'collect': {bin_dir} lacks {missing}; "
+                          f"log: {root / 'logs' / 'build.log'}",
+                          "the pinned source may not define these targets; check the reference")
+    manifest = {"format": MANIFEST_FORMAT, "key": plan.key(), "inputs": plan.key_inputs(),
+                "build_commit": plan.build_commit, "cmake_flags": list(plan.cmake_flags),
+                "toolchain": plan.toolchain.as_dict(), "device": plan.device, "cuda_arch": plan.cuda_arch,
+                "bin_dir": str(bin_dir), "binaries": files, "links": links,
+                "built_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **body}
+    atomic_write_text(root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+FullBuild = Callable[..., dict[str, Any]]
+
+
+def ensure_build(plan: BuildPlan, cache_dir: Path, progress: Progress | None = None,
+                 pip_args: list[str] | None = None, builder: FullBuild = full_build) -> Build:
+    """A good build for `plan`: the cached one after re-hashing every binary, else a clean (re)build.
+
+    `builder` is the full-build step (tests substitute it to observe that a tampered build is rebuilt).
+    """
+    cache_dir = Path(cache_dir)
+    root = build_root(cache_dir, plan)
+    with _locked(root.parent / f"{root.name}.lock"):
+        manifest = read_manifest(root)
+        rebuild = "full"
+        checks: dict[str, Any] = {}
+        if manifest is not None and manifest.get("key") == plan.key():
+            _say(progress, f"verifying {len(manifest['binaries'])} binaries of llama.cpp build {root.name}")
+            problems = verify_binaries(root / "build" / "bin", manifest)
+            checks = {"rehashed": len(manifest["binaries"]), "problems": problems}
+            stale_dumper = manifest.get("dumper", {}).get("source_sha256") != sha256_file(DUMPER_SOURCE)
+            if not problems and not stale_dumper:
+                return Build(root=root, manifest=manifest, rebuilt="", checks=checks)
+            only_dumper = all(p.startswith((f"{DUMPER}:", f".{DUMPER}")) for p in problems)
+            headers_ok = manifest.get("dumper", {}).get("headers") == _header_hashes(root / "src")
+            rebuild = "dumper" if only_dumper and headers_ok else "full"
+            why = "; ".join(problems) or "dumper source changed"
+            _say(progress, f"llama.cpp build {root.name} is not good ({why}); rebuilding {rebuild}")
+        invalidate(root)
+        if rebuild == "dumper":
+            assert manifest is not None
+            body = {k: v for k, v in manifest.items() if k in ("source", "configure_command", "build_command",
+                                                                "durations_s")}
+            stray = root / "build" / "bin" / f".{DUMPER}.tmp"
+            stray.unlink(missing_ok=True)
+            body["dumper"] = build_dumper(plan, root, progress)
+        else:
+            body = builder(plan, root, cache_dir, progress=progress, pip_args=pip_args)
+        manifest = _write_manifest(plan, root, body)
+        return Build(root=root, manifest=manifest, rebuilt=rebuild, checks=checks)
+
+
+def cached_build(plan: BuildPlan, cache_dir: Path) -> dict[str, Any] | None:
+    """The manifest of a build marked good for `plan`, without re-hashing (for describe())."""
+    manifest = read_manifest(build_root(Path(cache_dir), plan))
+    return manifest if manifest is not None and manifest.get("key") == plan.key() else None

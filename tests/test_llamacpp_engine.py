@@ -1,0 +1,180 @@
+"""The llamacpp engine end to end on a tiny Kimi K3: describe, logits through the dumper, llama-bench timing,
+and the clear errors for a model that does not load, a broken llama-bench and binaries changed after prepare."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llamacpp_fixtures import prepared_reference, tiny_target
+
+from engines.llamacpp import bench, build, logits
+from engines.llamacpp.engine import LlamaCppEngine, LlamaCppHandle
+from scoreboard import registry
+from scoreboard.engine import Geometry, LogitsRequest, Prepared, Workload
+from scoreboard.errors import EngineError, InputError, TransientError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return prepared_reference(tmp_path_factory.mktemp("llamacpp"))
+
+
+def _tokens(n: int, vocab: int, seed: int = 1) -> tuple[int, ...]:
+    return tuple(int(x) for x in np.random.default_rng(seed).integers(0, vocab - 2, n))
+
+
+def test_entry_point_and_describe(prepared):
+    engine, target, p = prepared
+    assert isinstance(registry.load("llamacpp"), LlamaCppEngine)
+    assert engine.clock == "reference-tool" and engine.name == "llamacpp"
+    import dataclasses
+
+    from llamacpp_fixtures import test_cache_dir
+
+    described = dataclasses.replace(target, options={**target.options, "cache_dir": str(test_cache_dir())})
+    ident = engine.describe(described)
+    assert ident == engine.describe(described) == p.identity  # deterministic, and what prepare verified
+    assert ident.source == {**target.reference.identity(), "upstream": target.reference.upstream}
+    assert "-DGGML_NATIVE=ON" in ident.build_flags and ident.compiler and ident.device == "cpu"
+    assert ident.binaries == p.handle.build.manifest["binaries"]  # the cached build is described
+    assert ident.extra["run_flags"] == ["-t", "2", "-fa", "1", "-ngl", "0"]
+
+
+def test_logits_shape_dtype_finite_and_repeatable(prepared):
+    engine, target, p = prepared
+    vocab = p.handle.n_vocab
+    ids = _tokens(300, vocab)
+    req = LogitsRequest(token_ids=ids, positions=(5, 64, 299, 64), geometry=target.geometry)
+    a = engine.logits(p, req)
+    b = engine.logits(p, req)
+    assert a.logits.dtype == np.float32 and a.logits.shape == (4, vocab)
+    assert np.isfinite(a.logits).all() and a.logits.std() > 0
+    assert np.array_equal(a.logits, b.logits)  # bit-identical run to run
+    assert np.array_equal(a.logits[1], a.logits[3])  # a repeated position gives the same row
+    assert a.geometry == Geometry(n_ctx=2048, n_batch=512, n_ubatch=128, n_threads=2)
+    assert a.command[0].endswith(build.DUMPER) and "--n-ubatch" in a.command
+    # each row is the distribution after its own prefix: a different later token leaves row 5 unchanged
+    changed = ids[:200] + tuple((t + 1) % (vocab - 2) for t in ids[200:])  # ubatch 128: rows 5, 64 untouched
+    c = engine.logits(p, LogitsRequest(token_ids=changed, positions=(5, 64, 299, 64), geometry=target.geometry))
+    assert np.array_equal(c.logits[0], a.logits[0]) and not np.array_equal(c.logits[2], a.logits[2])
+
+
+def test_logits_bad_requests_are_input_errors(prepared):
+    engine, target, p = prepared
+    with pytest.raises(InputError, match="positions \\[10\\] outside the 10 token ids"):
+        engine.logits(p, LogitsRequest(token_ids=(1,) * 10, positions=(10,), geometry=target.geometry))
+    with pytest.raises(InputError, match="token ids \\[1000000\\] outside the vocabulary"):
+        engine.logits(p, LogitsRequest(token_ids=(10**6,), positions=(0,), geometry=target.geometry))
+    # the dumper refuses it on its own too (exit 2), when the Python side does not know the vocabulary
+    with pytest.raises(EngineError, match="logits dumper failed \\(exit 2\\)"):
+        logits.run_dumper(p.handle.tool(build.DUMPER), Path(target.model_path),
+                          LogitsRequest(token_ids=(10**6,), positions=(0,), geometry=target.geometry),
+                          p.handle.settings, p.handle.runs_dir / "bad-id.log")
+
+
+def test_timed_decode_at_depth_and_prefill_report_raw_samples(prepared):
+    engine, _target, p = prepared
+    decode = Workload(phase="decode", depth=64, n_tokens=8, prompt_ids=())
+    reps = engine.timed(p, decode, 3)
+    assert len(reps) == 3 and all(r.ns > 0 and r.n_tokens == 8 and r.clock == "reference-tool" for r in reps)
+    cmd = reps[0].command
+    assert cmd[cmd.index("-p") + 1] == "0" and cmd[cmd.index("-n") + 1] == "8" and cmd[cmd.index("-d") + 1] == "64"
+    assert cmd[cmd.index("-r") + 1] == "3" and cmd[cmd.index("-ub") + 1] == "128" and "-o" in cmd
+    rec = p.handle.last_record
+    assert [r.ns for r in reps] == rec["samples_ns"] and rec["n_depth"] == 64
+    assert rec["build_commit"] == p.handle.build.manifest["build_commit"]
+
+    prefill = Workload(phase="prefill", depth=32, n_tokens=128, prompt_ids=())
+    reps = engine.timed(p, prefill, 2)
+    assert len(reps) == 2 and all(r.n_tokens == 128 for r in reps)
+    cmd = reps[0].command
+    assert cmd[cmd.index("-p") + 1] == "128" and cmd[cmd.index("-n") + 1] == "0" and cmd[cmd.index("-d") + 1] == "32"
+
+
+def test_bench_output_that_does_not_match_the_request_is_refused():
+    w = Workload(phase="decode", depth=64, n_tokens=8, prompt_ids=())
+    g = Geometry(n_ctx=2048, n_batch=512, n_ubatch=128, n_threads=2)
+    s = bench.RunSettings(threads=2, flash_attn=1, n_gpu_layers=0)
+    rec = {"n_prompt": 0, "n_gen": 8, "n_depth": 64, "n_batch": 512, "n_ubatch": 128, "n_threads": 2,
+           "flash_attn": 1, "n_gpu_layers": 0, "build_commit": "abc", "samples_ns": [5, 6], "avg_ts": 1e9}
+    import json
+
+    assert bench.parse_bench_json(json.dumps([rec]), w, g, s, 2, "abc")["samples_ns"] == [5, 6]
+    with pytest.raises(EngineError, match="n_depth=0 \\(asked 64\\)"):
+        bench.parse_bench_json(json.dumps([{**rec, "n_depth": 0}]), w, g, s, 2, "abc")
+    with pytest.raises(EngineError, match="build_commit='abc' \\(asked 'other'\\)"):
+        bench.parse_bench_json(json.dumps([rec]), w, g, s, 2, "other")
+    with pytest.raises(EngineError, match="samples_ns must hold 3"):
+        bench.parse_bench_json(json.dumps([rec]), w, g, s, 3, "abc")
+    with pytest.raises(EngineError, match="exactly one test record"):
+        bench.parse_bench_json(json.dumps([rec, rec]), w, g, s, 2, "abc")
+
+
+def test_a_model_that_does_not_load_is_a_clear_error(prepared, tmp_path):
+    engine, target, p = prepared
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(Path(target.model_path).read_bytes()[:4096])  # truncated
+    bad = Prepared(identity=p.identity, handle=LlamaCppHandle(
+        build=p.handle.build, target=tiny_target(broken), settings=p.handle.settings, runs_dir=tmp_path / "runs",
+        n_vocab=None))
+    with pytest.raises(EngineError, match="llama-bench could not load model .*broken.gguf") as exc:
+        engine.timed(bad, Workload(phase="decode", depth=0, n_tokens=4, prompt_ids=()), 1)
+    log = Path(str(exc.value).split("log: ")[1].split("\n")[0])
+    assert log.is_file() and "failed to load model" in log.read_text()  # kept on failure
+    with pytest.raises(EngineError, match="logits dumper could not load model .*broken.gguf"):
+        engine.logits(bad, LogitsRequest(token_ids=(1, 2), positions=(1,), geometry=target.geometry))
+    assert not isinstance(exc.value, TransientError)
+
+
+def test_prepare_refuses_a_missing_model(prepared, tmp_path):
+    engine, _target, _p = prepared
+    from llamacpp_fixtures import test_cache_dir
+
+    with pytest.raises(InputError, match="model file\\(s\\) not found"):
+        engine.prepare(tiny_target(tmp_path / "absent.gguf"), test_cache_dir())
+
+
+def test_binaries_changed_after_prepare_are_refused_before_use(prepared, tmp_path):
+    engine, target, p = prepared
+    b = p.handle.build
+    copy_root = tmp_path / "copy"
+    shutil.copytree(b.bin_dir, copy_root / "build" / "bin", symlinks=True)
+    copied = build.Build(root=copy_root, manifest=b.manifest)
+    (copied.bin_dir / "llama-bench").write_bytes(b"#!/bin/sh\necho '[]'\n")
+    h = LlamaCppHandle(build=copied, target=target, settings=p.handle.settings, runs_dir=tmp_path / "runs")
+    with pytest.raises(EngineError, match="changed since prepare: llama-bench: sha256"):
+        engine.timed(Prepared(identity=p.identity, handle=h), Workload("decode", 0, 4, ()), 1)
+
+
+def test_a_failing_llama_bench_is_a_clear_error(prepared, tmp_path):
+    _engine, target, p = prepared
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho 'llama_bench: error: something broke' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    w = Workload(phase="decode", depth=0, n_tokens=4, prompt_ids=())
+    with pytest.raises(EngineError, match=r"(?s)llama-bench failed \(exit 3\); log: .*something broke"):
+        bench.run_bench(fake, Path(target.model_path), w, target.geometry, p.handle.settings, 1, "x",
+                        tmp_path / "bench.log")
+    assert "something broke" in (tmp_path / "bench.log").read_text()
+
+
+def test_logits_file_reader_checks_shape_and_vocab(prepared, tmp_path):
+    _engine, target, p = prepared
+    h = p.handle
+    req = LogitsRequest(token_ids=_tokens(70, h.n_vocab), positions=(3, 69), geometry=target.geometry)
+    out = logits.run_dumper(h.tool(build.DUMPER), Path(target.model_path), req, h.settings, tmp_path / "l.log")
+    assert out.header["n_vocab"] == h.n_vocab == logits.gguf_vocab_size(Path(target.model_path))
+    with pytest.raises(EngineError, match=f"vocab {h.n_vocab} != the model's {h.n_vocab + 1}"):
+        logits.run_dumper(h.tool(build.DUMPER), Path(target.model_path), req, h.settings, tmp_path / "l.log",
+                          n_vocab=h.n_vocab + 1)
+    f = tmp_path / "x.bin"
+    raw = bytearray(logits.HEADER.itemsize)
+    raw[:8] = b"NOTLOGIT"
+    f.write_bytes(bytes(raw))
+    with pytest.raises(EngineError, match="not a version-1 logits file"):
+        logits.read_logits_file(f)
