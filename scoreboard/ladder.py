@@ -17,7 +17,7 @@ class Step:
     commit: str
     before: float
     after: float
-    kind: str  # "round" | "frontier-lower"
+    kind: str  # "frontier-raise" | "frontier-lower"
 
     @property
     def ratio(self) -> float | None:
@@ -25,16 +25,16 @@ class Step:
 
 
 def ladder_steps(lines: list[dict[str, Any]], target: str | None = None) -> list[Step]:
-    """Every ledger line that moved a frontier (raise, or the logged lower), in ledger order."""
+    """Every frontier slot change on the ledger (raises, and the logged lowers), in ledger order."""
     steps = []
     for ln in lines:
-        if target and ln.get("target") != target:
+        if ln.get("kind") not in ("frontier-raise", "frontier-lower") or (target and ln.get("target") != target):
             continue
-        before, after = ln.get("frontier_before"), ln.get("frontier_after")
-        if after is None or before is None or after == before:
-            continue
-        steps.append(Step(ln.get("round_id", ""), ln.get("date", ""), ln.get("slot", ""),
-                          ln.get("candidate_commit", ""), float(before), float(after), ln.get("kind", "round")))
+        for ch in ln.get("changes", []):
+            if ch.get("kind") != "frontier":
+                continue
+            steps.append(Step(ln.get("round_id", ""), ln.get("date", ""), ch["slot"], ch.get("commit", ""),
+                              float(ch["before"]), float(ch["after"]), ln["kind"]))
     return steps
 
 

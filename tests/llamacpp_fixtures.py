@@ -226,11 +226,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_cache_dir() -> Path:
-    """$SCOREBOARD_CACHE, else ~/.cache/scoreboard-test: a second run of the suite is a cache hit."""
-    import os
+    """The same cache the CLI uses ($SCOREBOARD_CACHE, else ~/.cache/scoreboard): builds are keyed by
+    what they depend on and re-verified, so tests and `scoreboard round run` share one build."""
+    from scoreboard.weights.verify import default_cache
 
-    env = os.environ.get("SCOREBOARD_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "scoreboard-test"
+    return default_cache()
 
 
 test_cache_dir.__test__ = False  # not a test, despite the name

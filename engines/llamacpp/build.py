@@ -50,7 +50,7 @@ TOOLS = ("llama-bench", "llama-quantize", "llama-gguf-split", "llama-imatrix")
 DUMPER = "scoreboard-dump-logits"
 DUMPER_SOURCE = Path(__file__).with_name("cpp") / "dump_logits.cpp"
 DUMPER_FLAGS = ("-O2", "-std=c++17", "-Wall")
-_ENGINE_SET = ("LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "BUILD_SHARED_LIBS", "CMAKE_C_COMPILER",
+_ENGINE_SET = ("LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "BUILD_SHARED_LIBS", "CMAKE_BUILD_RPATH_USE_ORIGIN", "CMAKE_C_COMPILER",
                "CMAKE_CXX_COMPILER", "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "GGML_CUDA")
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_STATUS = re.compile(r"^\[\s*(\d+)%\]")
@@ -216,6 +216,7 @@ def plan_build(reference: GitReference | SdistReference, device: str = "cpu", re
     stamp = source.build_stamp(reference)
     flags = list(pinned_flags(reference, ref_id))
     flags += [f"-DLLAMA_BUILD_COMMIT={stamp}", "-DLLAMA_BUILD_NUMBER=0", "-DBUILD_SHARED_LIBS=ON",
+              "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",  # relocatable: binaries find libllama via $ORIGIN
               f"-DCMAKE_C_COMPILER={tc.cc}", f"-DCMAKE_CXX_COMPILER={tc.cxx}"]
     arch = ""
     if device == "cuda":

@@ -32,7 +32,7 @@ def command(
         t.add_column(col)
     for s in steps:
         t.add_row(s.date, s.round_id, s.slot, s.commit[:12], f"{s.before:.4g}", f"{s.after:.4g}",
-                  "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}" + (" (lowered)" if s.kind != "round" else ""))
+                  "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}" + (" (lowered)" if s.kind == "frontier-lower" else ""))
     console.print(t)
     if comp["total_ratio"] is not None:
         console.print(f"compounded: x{comp['total_ratio']:.4f} over {comp['steps']} step(s); "

@@ -43,6 +43,7 @@ class RoundOptions:
     max_transient_retries: int = 2
     update_frontier: bool = True
     allow_node_mismatch: bool = False
+    gate_only: bool = False  # tests: stop after the gate (no speed, no verdict, nothing sealed)
 
 
 @dataclass
@@ -127,6 +128,8 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
         rnd.pre = rnd.stage("preflight", lambda: preflight(rnd))
         gate = GateStage(rnd)
         rnd.stage("gate", gate.run)
+        if opts.gate_only:
+            return RoundOutcome(r, None, 0 if r["gate"]["pass"] else 2)
         if r["gate"]["pass"]:
             rnd.stage("speed", SpeedStage(rnd, gate).run)
         rnd.stage("verdict", lambda: _verdict(rnd))

@@ -173,10 +173,7 @@ def ratchet_baselines(rounds_dir: Path, target_id: str) -> dict[int, float]:
     """Per-depth mean KL of main's last sealed, gate-passing round for this target (ratchet basis)."""
     from ..ledger import read_ledger
 
-    try:
-        lines = read_ledger(rounds_dir)
-    except InputError:
-        return {}
+    lines = read_ledger(rounds_dir)  # a broken chain is NonCompliant: never ratchet against tampered history
     for line in reversed(lines):
         if line.get("kind") != "round" or line.get("target") != target_id:
             continue

@@ -1,0 +1,36 @@
+"""Ladder: frontier steps from ledger lines, compounding arithmetic, SVG output."""
+
+from __future__ import annotations
+
+import math
+
+from scoreboard.ladder import compounding, ladder_steps, write_svg
+
+
+def _line(kind, changes, target="t", rid="r"):
+    return {"kind": kind, "round_id": rid, "date": "2026-11-29T00:00:00Z", "target": target, "changes": changes}
+
+
+def _ch(before, after, kind="frontier", slot="S"):
+    return {"slot": slot, "kind": kind, "before": before, "after": after, "reps": 3, "commit": "c" * 40}
+
+
+def test_steps_only_from_frontier_changes():
+    lines = [_line("round", []), _line("frontier-raise", [_ch(0, 10), _ch(0, 5, kind="baseline", slot="B")]),
+             _line("frontier-raise", [_ch(10, 12)]), _line("frontier-lower", [_ch(12, 11)]),
+             _line("frontier-raise", [_ch(0, 1)], target="other")]
+    steps = ladder_steps(lines, "t")
+    assert [(s.before, s.after, s.kind) for s in steps] == [(0, 10, "frontier-raise"), (10, 12, "frontier-raise"),
+                                                            (12, 11, "frontier-lower")]
+    assert steps[0].ratio is None  # BASELINE has no ratio
+    comp = compounding(steps)
+    assert math.isclose(comp["total_ratio"], 11 / 10) and comp["steps"] == 3
+    assert math.isclose(comp["geomean_step"], (11 / 10) ** 0.5)
+
+
+def test_svg_is_written_atomically(tmp_path):
+    steps = ladder_steps([_line("frontier-raise", [_ch(0, 10)]), _line("frontier-raise", [_ch(10, 12)])])
+    out = write_svg(steps, tmp_path / "ladder.svg", "t")
+    text = out.read_text()
+    assert text.startswith("<svg") and "polyline" in text and text.rstrip().endswith("</svg>")
+    assert [p.name for p in tmp_path.iterdir()] == ["ladder.svg"]
