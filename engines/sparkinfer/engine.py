@@ -1,0 +1,309 @@
+"""The sparkinfer scoreboard plugin: harness-clocked, in-process, torch on CPU or CUDA.
+
+Code paths (one for checking, the same for timing):
+
+* prefill — tokens go through ``K3Model.forward`` in chunks of ``geometry.n_ubatch`` (chunked KDA,
+  MLA over the f16 latent cache); ``logits()`` uses exactly this and returns, for each requested
+  position p, the next-token logits after consuming ``token_ids[:p+1]``.
+* decode — :meth:`SparkInferEngine.begin` (untimed) builds a fresh cache and really prefills the
+  context ``prompt_ids[:depth]`` through the chunked path, so ``depth`` tokens sit in the cache, and
+  takes g1 = argmax of the context's last logits. :meth:`step` (timed) runs ``n_tokens`` single-token
+  forwards fed g1, g2, ..., gn (g(i+1) = argmax of the forward fed gi) and returns [g1, ..., gn]: the
+  greedy continuation, token i being the argmax after consuming the context + tokens[:i] — what the
+  round teacher-forces through the reference. (The last forward's argmax, g(n+1), is not returned.)
+  With depth 0 the context is ``prompt_ids[:1]`` and it is fed inside the timed part: the forwards
+  are fed prompt_ids[0], g1, ..., g(n-1). :func:`greedy_decode` is this path, for the gate's checked run.
+* prefill timing — :meth:`begin` prefills ``prompt_ids[:depth]`` (untimed) and holds the next
+  ``n_tokens`` prompt tokens; :meth:`step` ingests them in ``n_ubatch`` chunks and returns ``[argmax]``
+  of the last position's logits (one id).
+
+The engine never reads a clock. Options (``EngineTarget.options``): ``dtype`` of the weights and matmuls
+("float32" by default, "bfloat16", "float16"; norms, softmaxes, router and recurrent state stay f32)
+and ``faults`` (faults.py). On k3-mini, CUDA float32 matched CPU float32 to KL 4e-11; float16 / bfloat16
+flip top-k routing (KL mean 0.011 / 0.028 vs float32), so a target opts into them explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scoreboard.engine import (
+    Engine,
+    EngineIdentity,
+    EngineTarget,
+    Geometry,
+    LogitsRequest,
+    LogitsResult,
+    Prepared,
+    Progress,
+    Workload,
+)
+from scoreboard.errors import EngineError, ScoreboardError, TransientError
+
+from . import OMP_WAIT_POLICY, __version__
+from .faults import Faults, apply_config_faults, parse_faults
+from .model import CACHE_DTYPE, K3Cache, K3Model
+from .weights import load_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_REPO = Path(__file__).resolve().parents[2]
+_WEIGHTS: OrderedDict[tuple, Any] = OrderedDict()  # loaded weight sets, keyed by files + device + dtype
+_WEIGHTS_MAX = 2
+
+
+@dataclass
+class Loaded:
+    """Prepared.handle: the model and what it was built for."""
+
+    model: K3Model
+    cfg: Any
+    device: str
+    dtype: str
+    geometry: Geometry
+    faults: Faults
+    decode_steps: int = 0  # decode step() calls in this process (the cheat_when_timed fault counts them)
+
+
+@dataclass
+class DecodeState:
+    cache: K3Cache
+    seed: torch.Tensor  # [1] long: the first token the timed part feeds
+    n_tokens: int
+    seed_is_output: bool  # True: seed = g1, the context's greedy next token (depth > 0)
+
+
+@dataclass
+class PrefillState:
+    cache: K3Cache
+    tokens: torch.Tensor  # [n_tokens] long: ingested by the timed part
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _dtype_name(target: EngineTarget) -> str:
+    name = str(target.options.get("dtype") or "float32")
+    if name not in DTYPES:
+        raise EngineError(f"options.dtype: unknown dtype {name!r}", f"use one of {', '.join(DTYPES)}")
+    return name
+
+
+def _threads(geometry: Geometry) -> int:
+    return geometry.n_threads or os.cpu_count() or 1
+
+
+class SparkInferEngine(Engine):
+    """Kimi K3 in torch; the harness times begin/step around synchronize()."""
+
+    name = "sparkinfer"
+    clock = "harness"
+
+    # -- identity ------------------------------------------------------------------------------
+    def describe(self, target: EngineTarget) -> EngineIdentity:
+        commit = _git("rev-parse", "HEAD") or ""
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else False
+        faults = parse_faults(target.options.get("faults"))
+        return EngineIdentity(
+            engine=self.name, version=__version__,
+            source={"package": "engines.sparkinfer", "commit": commit, "dirty": dirty},
+            device=target.device,
+            extra={"torch": torch.__version__, "gguf": _version("gguf"), "dtype": _dtype_name(target),
+                   "kv_cache": str(CACHE_DTYPE).removeprefix("torch."), "faults": list(faults.names),
+                   "omp_wait_policy": OMP_WAIT_POLICY,
+                   "geometry": target.geometry.as_dict()},
+        )
+
+    # -- load ----------------------------------------------------------------------------------
+    def prepare(self, target: EngineTarget, cache_dir: Path, progress: Progress | None = None) -> Prepared:
+        from scoreboard.models.k3 import load_k3_config
+
+        identity = self.describe(target)
+        if target.device == "cuda" and not torch.cuda.is_available():
+            raise EngineError("target device is cuda but torch sees no CUDA device",
+                              "run on the GPU box, or use a cpu target (e.g. k3-mini-cpu)")
+        try:
+            cfg = load_k3_config(Path(target.model_path))
+        except ScoreboardError as exc:
+            raise EngineError(str(exc), exc.hint) from exc
+        if target.shard_paths and tuple(Path(p) for p in target.shard_paths) != tuple(cfg.shards):
+            raise EngineError(f"target shards {[str(p) for p in target.shard_paths]} differ from the model's "
+                              f"own shard set {[str(p) for p in cfg.shards]}", "pin every shard of the model")
+        faults = parse_faults(target.options.get("faults"))
+        dtype = _dtype_name(target)
+        torch.set_num_threads(_threads(target.geometry))
+        weights, types = self._weights(cfg, target.device, dtype, progress)
+        model = K3Model(apply_config_faults(cfg, faults), weights, faults)
+        after = self.describe(target)
+        if after.source["commit"] != identity.source["commit"] or after.extra != identity.extra:
+            raise EngineError(f"engine identity changed while preparing: {identity.source} -> {after.source}",
+                              "re-run once the source tree is stable")
+        if model.cfg.n_layer != len(weights.layers):
+            raise EngineError(f"loaded {len(weights.layers)} layers for a {model.cfg.n_layer}-layer config",
+                              "report this as a sparkinfer bug")
+        handle = Loaded(model, cfg, target.device, dtype, target.geometry, faults)
+        return Prepared(identity=identity, handle=handle,
+                        notes={"n_params": cfg.n_params(), "n_layer": cfg.n_layer, "mla_layers": list(cfg.mla_layers),
+                               "kda_chunk": model.kda_chunk, "threads": torch.get_num_threads(),
+                               "tensor_types": dict(sorted(Counter(types.values()).items()))})
+
+    def _weights(self, cfg: Any, device: str, dtype: str, progress: Progress | None) -> tuple[Any, dict[str, str]]:
+        """(weights, tensor name -> ggml type), loaded once per (files, device, dtype) in this process."""
+        files = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cfg.shards)
+        key = (files, device, dtype)
+        if key in _WEIGHTS:
+            _WEIGHTS.move_to_end(key)
+            return _WEIGHTS[key]
+        try:
+            loaded = load_weights(cfg, tuple(cfg.shards), device, DTYPES[dtype], progress)
+        except torch.cuda.OutOfMemoryError as exc:  # a retry on a quieter device may succeed
+            raise TransientError(f"out of device memory loading {cfg.shards[0]}: {exc}",
+                                 "free the GPU (another process?) and retry") from exc
+        _WEIGHTS[key] = loaded
+        while len(_WEIGHTS) > _WEIGHTS_MAX:
+            _WEIGHTS.popitem(last=False)
+        return loaded
+
+    def close(self, prepared: Prepared) -> None:
+        prepared.handle = None
+
+    # -- logits --------------------------------------------------------------------------------
+    def logits(self, prepared: Prepared, request: LogitsRequest) -> LogitsResult:
+        h = _handle(prepared)
+        ids, positions = list(request.token_ids), list(request.positions)
+        if not positions:
+            raise EngineError("logits request has no positions", "ask for at least one position")
+        bad = [p for p in positions if not 0 <= p < len(ids)]
+        if bad:
+            raise EngineError(f"positions {bad[:5]} outside the {len(ids)} token ids",
+                              "positions index the token ids: 0 <= p < len(token_ids)")
+        torch.set_num_threads(_threads(request.geometry))
+        want = sorted(set(positions))
+        with torch.inference_mode():
+            cache = h.model.new_cache(_n_ctx(request.geometry, want[-1] + 1))
+            rows = prefill(h.model, cache, _ids(h, ids[: want[-1] + 1]), request.geometry.n_ubatch, want)
+        got = dict(zip(want, rows.cpu().numpy().astype(np.float32)))
+        out = np.stack([got[p] for p in positions]).astype(np.float32)
+        geom = replace(request.geometry, n_threads=torch.get_num_threads())
+        return LogitsResult(logits=out, geometry=geom)
+
+    # -- timed ---------------------------------------------------------------------------------
+    def begin(self, prepared: Prepared, workload: Workload) -> DecodeState | PrefillState:
+        h = _handle(prepared)
+        torch.set_num_threads(_threads(h.geometry))
+        p, d, n = list(workload.prompt_ids), workload.depth, workload.n_tokens
+        have = d + n if workload.phase == "prefill" else max(d, 1)
+        if len(p) < have:
+            raise EngineError(f"{workload.phase} workload has {len(p)} prompt ids; depth {d} with {n} tokens "
+                              f"needs {have}", "give the workload enough prompt ids")
+        need = d + n  # cache rows: the context plus the tokens the timed part feeds
+        with torch.inference_mode():
+            cache = h.model.new_cache(_n_ctx(h.geometry, need))
+            if workload.phase == "prefill":
+                if d:
+                    prefill(h.model, cache, _ids(h, p[:d]), h.geometry.n_ubatch, [])
+                return PrefillState(cache, _ids(h, p[d:d + n]))
+            if d == 0:
+                return DecodeState(cache, _ids(h, p[:1]), n, seed_is_output=False)
+            last = prefill(h.model, cache, _ids(h, p[:d]), h.geometry.n_ubatch, [d - 1])
+            return DecodeState(cache, last.argmax(-1), n, seed_is_output=True)
+
+    def step(self, prepared: Prepared, state: DecodeState | PrefillState) -> list[int]:
+        h = _handle(prepared)
+        with torch.inference_mode():
+            if isinstance(state, PrefillState):
+                n = int(state.tokens.shape[0])
+                last = prefill(h.model, state.cache, state.tokens, h.geometry.n_ubatch, [state.cache.n_past + n - 1])
+                return [int(last.argmax(-1)[0])]
+            h.decode_steps += 1
+            if h.faults.cheat_when_timed and h.decode_steps > 1:
+                return [int(state.seed[0])] * state.n_tokens  # the shortcut: no forward passes at all
+            out = decode(h.model, state.cache, state.seed, state.n_tokens)
+            return ([int(state.seed[0])] + out[:-1]) if state.seed_is_output else out
+
+    def synchronize(self, prepared: Prepared) -> None:
+        h = prepared.handle
+        if h is not None and h.device == "cuda":
+            torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------------------------
+# the two code paths (plain functions: the engine methods and the gate's checked run share them)
+
+def prefill(model: K3Model, cache: K3Cache, ids: torch.Tensor, n_ubatch: int, positions: list[int]) -> torch.Tensor:
+    """Feed ids [T] in chunks of n_ubatch from cache.n_past; logits [len(positions), V] for the absolute
+    positions asked for (sorted, each within this call's range), in order."""
+    start = cache.n_past
+    rows: list[torch.Tensor] = []
+    pos = sorted(positions)
+    for c0 in range(0, int(ids.shape[0]), n_ubatch):
+        chunk = ids[c0:c0 + n_ubatch]
+        lo, hi = start + c0, start + c0 + int(chunk.shape[0])
+        want = [p - lo for p in pos if lo <= p < hi]
+        out = model.forward(chunk, cache, torch.tensor(want, device=ids.device) if want else None)
+        if out is not None:
+            rows.append(out)
+    if sum(int(r.shape[0]) for r in rows) != len(pos):
+        raise EngineError(f"positions {pos[:5]} not all within the fed range {start}..{cache.n_past - 1}")
+    return torch.cat(rows, 0) if rows else torch.empty(0)
+
+
+def decode(model: K3Model, cache: K3Cache, seed: torch.Tensor, n_tokens: int) -> list[int]:
+    """n_tokens single-token forwards: feed seed, then each argmax; return the n_tokens argmaxes (one sync)."""
+    tok = seed.reshape(1)
+    row0 = torch.zeros(1, dtype=torch.long, device=tok.device)
+    out = []
+    for _ in range(n_tokens):
+        tok = model.forward(tok, cache, row0).argmax(-1)  # [1], stays on the device
+        out.append(tok)
+    return [int(x) for x in torch.cat(out).tolist()]
+
+
+def greedy_decode(prepared: Prepared, prompt_ids: list[int] | tuple[int, ...], depth: int, n_tokens: int) -> list[int]:
+    """The gate's checked run: exactly what begin()+step() of a decode workload generate."""
+    engine = SparkInferEngine()
+    ids = tuple(prompt_ids)
+    state = engine.begin(prepared, Workload("decode", depth, n_tokens, ids))
+    return engine.step(prepared, state)
+
+
+def _handle(prepared: Prepared) -> Loaded:
+    if not isinstance(prepared.handle, Loaded):
+        raise EngineError("sparkinfer: this Prepared was closed or not made by sparkinfer.prepare()",
+                          "call prepare() again")
+    return prepared.handle
+
+
+def _ids(h: Loaded, ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+    bad = [i for i in ids if not 0 <= int(i) < h.cfg.n_vocab]
+    if bad:
+        raise EngineError(f"token ids {bad[:5]} outside the vocabulary (0..{h.cfg.n_vocab - 1})",
+                          "tokenize with this model's tokenizer")
+    return torch.tensor([int(i) for i in ids], dtype=torch.long, device=h.device)
+
+
+def _n_ctx(geometry: Geometry, need: int) -> int:
+    if need > geometry.n_ctx:
+        raise EngineError(f"{need} tokens do not fit the pinned n_ctx {geometry.n_ctx}",
+                          "raise geometry.n_ctx in the target, or ask for less depth")
+    return geometry.n_ctx

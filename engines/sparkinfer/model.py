@@ -1,0 +1,466 @@
+"""Kimi K3 (`kimi-k3`) forward pass in pure torch: no I/O, no clocks, no config defaults.
+
+An independent implementation of the architecture the pinned llama.cpp runs
+(``src/models/kimi-k3.cpp`` of llama-cpp-python==0.3.36's vendor/llama.cpp). Shapes in comments:
+T = tokens in this call, S = tokens in the cache, E = n_embd, H = heads, V = vocab.
+
+Numerics, chosen to agree with llama.cpp's CPU backend:
+- norms, softmaxes, router, KDA state and conv state in float32, whatever the compute dtype;
+- with float32 compute, a matmul's activation is rounded as ggml rounds it for the weight's GGUF type
+  (none for F32, f16 for F16, q8_0/q8_K blocks for quantized weights; see Mat);
+- the MLA latent cache is stored in float16 (llama.cpp's default KV cache type), attention over it in f32;
+- KDA: the gated delta rule in a chunked (WY) form for prefill, the recurrent form for one token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .faults import Faults
+
+Tensor = torch.Tensor
+
+KDA_CHUNK_MAX = 16  # tokens per KDA chunk (llama.cpp's chunked KDA uses 16 too)
+ATTN_SCORE_BUDGET = 1 << 26  # max elements of one MLA score block [T_blk, H, S]
+CACHE_DTYPE = torch.float16  # llama.cpp's default KV cache type
+ROUTER_WSUM_MIN = 6.103515625e-5  # build_moe_ffn clamps the weight sum to the smallest f16 normal
+
+
+# ----------------------------------------------------------------------------------------------
+# elementwise pieces
+
+def rms_norm(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, in float32. [..., D] -> [..., D] f32."""
+    x = x.float()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w
+
+
+def l2_norm(x: Tensor, eps: float) -> Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last axis (llama.cpp build_gdn_l2_norm). f32."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def situ(g: Tensor, u: Tensor, beta: float, linear_beta: float) -> Tensor:
+    """situ(g, u) = beta*tanh(g/beta)*sigmoid(g) * lb*tanh(u/lb); lb <= 0 leaves u linear."""
+    a = beta * torch.tanh(g / beta) * torch.sigmoid(g)
+    if linear_beta > 0:
+        u = linear_beta * torch.tanh(u / linear_beta)
+    return a * u
+
+
+@dataclass
+class Mat:
+    """A weight matrix [out, in] (or stacked [n, out, in]) in the compute dtype, plus how its activation is
+    rounded before the product: llama.cpp's CPU matmul converts the activation to the weight type's
+    vec_dot_type (f16 for F16 weights, q8_0 blocks for Q8_0, q8_K for K/IQ quants). None = not at all."""
+
+    w: Tensor
+    act: str | None = None
+    splits: tuple[int, ...] = ()  # a fused stack of several matrices: their output widths
+
+
+# matrices that read the same input, fused into one product at load when they share a type (weights.py)
+FUSED = {
+    "kda_in": ("attn_q", "attn_k", "attn_v", "ssm_f_a", "ssm_beta", "ssm_g"),
+    "mla_in": ("attn_q_a", "attn_q", "attn_kv_a_mqa", "attn_gate"),
+    "dense_in": ("ffn_gate", "ffn_up"),
+    "moe_in": ("ffn_routed_down", "ffn_gate_shexp", "ffn_up_shexp"),
+}
+
+
+def project(lw: dict[str, Any], group: str, x: Tensor) -> dict[str, Tensor]:
+    """The products of x with every matrix of a FUSED group that the layer has: {key: [.., out]}."""
+    if group in lw:
+        m = lw[group]
+        return dict(zip(lw[group + ".keys"], linear(x, m).split(m.splits, -1)))
+    return {k: linear(x, lw[k]) for k in FUSED[group] if k in lw}
+
+
+def round_act(x: Tensor, kind: str | None) -> Tensor:
+    """x [..., in] f32 rounded as ggml rounds a matmul's activation to `kind` (see Mat)."""
+    if kind is None:
+        return x
+    if kind == "f16":
+        return x.half().float()
+    if kind == "bf16":
+        return x.bfloat16().float()
+    block = {"q8_0": 32, "q8_K": 256}[kind]
+    shp = x.shape
+    xb = x.float().reshape(*shp[:-1], shp[-1] // block, block)
+    if kind == "q8_0":  # d = amax/127 stored as f16, q = round(x * 127/amax)
+        amax = xb.abs().amax(-1, keepdim=True)
+        iscale = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        d = (amax / 127.0).half().float()
+        q = torch.round(xb * iscale)
+    else:  # q8_K: the signed value of largest magnitude maps to -127; d = 1/iscale in f32
+        idx = xb.abs().argmax(-1, keepdim=True)
+        mx = xb.gather(-1, idx)
+        iscale = torch.where(mx != 0, -127.0 / mx, torch.zeros_like(mx))
+        d = torch.where(mx != 0, 1.0 / iscale, torch.zeros_like(mx))
+        q = torch.round(xb * iscale).clamp(max=127)
+    return (q * d).reshape(shp)
+
+
+def linear(x: Tensor, m: Mat) -> Tensor:
+    """x @ w.T in the compute dtype, result f32. x [.., in], w [out, in] -> [.., out]."""
+    return F.linear(round_act(x.float(), m.act).to(m.w.dtype), m.w).float()
+
+
+# ----------------------------------------------------------------------------------------------
+# state
+
+@dataclass
+class KDAState:
+    conv: Tensor  # [3*d_inner, d_conv-1] f32: the last d_conv-1 pre-conv q|k|v projections
+    s: Tensor  # [H, dk, dv] f32: the delta-rule state S[i=key, j=value]
+
+
+@dataclass
+class MLAState:
+    latent: Tensor  # [n_ctx, kv_lora + rope] f16: normed compressed kv | k_pe, one row per token
+
+
+@dataclass
+class K3Cache:
+    """Everything one sequence carries between calls. `n_past` = tokens already consumed."""
+
+    layers: dict[int, Any]
+    n_ctx: int
+    n_past: int = 0
+
+
+# ----------------------------------------------------------------------------------------------
+# the model
+
+@dataclass
+class K3Weights:
+    """Weights in torch layouts (see weights.py): globals and one dict per layer; matrices are Mat,
+    vectors (norms, scores, biases, ssm_a) and the conv taps are float32 tensors."""
+
+    tok_embd: Tensor  # [V, E]
+    output_norm: Tensor  # [E] f32
+    output: Mat  # [V, E]
+    output_res_score: Tensor | None  # [E] f32
+    layers: list[dict[str, Any]] = field(default_factory=list)
+
+
+class K3Model:
+    """A loaded kimi-k3: `forward` consumes T tokens into a cache and returns the logits asked for."""
+
+    def __init__(self, cfg: Any, w: K3Weights, faults: Faults | None = None):
+        self.cfg = cfg
+        self.w = w
+        self.faults = faults = faults or Faults()
+        self.device = w.tok_embd.device
+        n = cfg.n_layer
+        # which layer's attention block (kind, weights, cache) runs at each layer position
+        self.attn_src = [(i - 1) % n if faults.full_attn_0_indexed else i for i in range(n)]
+        # chunk of the chunked delta rule: bounded by the gate's lower bound (K3: -5 -> 16); without a
+        # bound (kimi-linear's softplus gate) decays are unbounded and 1-token chunks are the safe form
+        lb = cfg.kda_gate_lower_bound
+        self.kda_chunk = 1 if lb is None else _kda_chunk_for(lb)
+
+    # -- state ---------------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> K3Cache:
+        c, dev = self.cfg, self.device
+        layers: dict[int, Any] = {}
+        for i in range(c.n_layer):
+            if c.head_count_kv[i] == 0:
+                di = c.kda_inner
+                layers[i] = KDAState(conv=torch.zeros(3 * di, c.ssm_conv_kernel - 1, device=dev),
+                                     s=torch.zeros(c.n_head, c.kda_head_dim, c.kda_head_dim, device=dev))
+            else:
+                layers[i] = MLAState(latent=torch.zeros(n_ctx, c.kv_lora_rank + c.rope_dim, dtype=CACHE_DTYPE,
+                                                        device=dev))
+        return K3Cache(layers=layers, n_ctx=n_ctx)
+
+    # -- forward -------------------------------------------------------------------------------
+    def forward(self, ids: Tensor, cache: K3Cache, out_rows: Tensor | None = None) -> Tensor | None:
+        """Consume ids [T] at positions n_past.. into `cache`; logits [R, V] f32 for rows `out_rows` [R]."""
+        c = self.cfg
+        t = int(ids.shape[0])
+        if cache.n_past + t > cache.n_ctx:
+            raise ValueError(f"context overflow: {cache.n_past} + {t} tokens > n_ctx {cache.n_ctx}")
+        x = self.w.tok_embd[ids].float()  # [T, E] residual stream, f32
+        bank: Tensor | None = None  # [T, C, E] raw checkpoints of the residual stream
+        use_res = c.attn_res_block_size > 0
+        for il in range(c.n_layer):
+            lw = self.w.layers[il]
+            prefix = x
+            cur = self._res_mix(prefix, bank, lw["attn_res_score"]) if use_res else prefix
+            banked = use_res and il % c.attn_res_block_size == 0
+            if banked:  # bank the RAW layer input, then restart the stream from the attention output
+                bank = prefix[:, None] if bank is None else torch.cat([bank, prefix[:, None]], 1)
+            cur = rms_norm(cur, lw["attn_norm"], c.rms_norm_eps)
+            src = self.attn_src[il]
+            if c.head_count_kv[src] == 0:
+                cur = self._kda(self.w.layers[src], cur, cache.layers[src])
+            else:
+                cur = self._mla(self.w.layers[src], cur, cache.layers[src], cache.n_past)
+            prefix = cur if banked else prefix + cur
+            cur = self._res_mix(prefix, bank, lw["ffn_res_score"]) if use_res else prefix
+            cur = rms_norm(cur, lw["ffn_norm"], c.rms_norm_eps)
+            cur = self._dense(lw, cur) if il < c.n_layer_dense_lead else self._moe(lw, cur)
+            x = prefix + cur
+        cache.n_past += t
+        if out_rows is None:
+            return None
+        if use_res:  # per token, so narrow to the output rows first
+            x = self._res_mix(x[out_rows], None if bank is None else bank[out_rows], self.w.output_res_score)
+        else:
+            x = x[out_rows]
+        x = rms_norm(x, self.w.output_norm, c.rms_norm_eps)
+        return linear(x, self.w.output)  # [R, V]
+
+    # -- cross-layer residual attention --------------------------------------------------------
+    def _res_mix(self, cur: Tensor, bank: Tensor | None, score_w: Tensor) -> Tensor:
+        """Softmax mix of the banked checkpoints and the current stream, scored on their RMS-normed
+        values with `score_w` [E]; the sum uses the raw values. cur [T, E], bank [T, C, E] -> [T, E]."""
+        if bank is None:
+            return cur
+        t, n_ckpt, e = bank.shape
+        if self.faults.res_strides_transposed:  # the [T, C, E] memory read as if it were [C, T, E]
+            bank = bank.contiguous().view(n_ckpt, t, e).transpose(0, 1)
+        eps = self.cfg.rms_norm_eps
+        sc = (rms_norm(bank, None, eps) * score_w).sum(-1)  # [T, C]
+        s_cur = (rms_norm(cur, None, eps) * score_w).sum(-1, keepdim=True)  # [T, 1]
+        p = torch.softmax(torch.cat([sc, s_cur], -1), -1)  # [T, C+1]
+        return (bank * p[:, :n_ckpt, None]).sum(1) + cur * p[:, n_ckpt:]
+
+    # -- KDA (Kimi Delta Attention) ------------------------------------------------------------
+    def _kda(self, lw: dict[str, Any], x: Tensor, st: KDAState) -> Tensor:
+        """x [T, E] (normed) -> [T, E]; updates st.conv and st.s."""
+        c = self.cfg
+        t, h, hd, di = x.shape[0], c.n_head, c.kda_head_dim, c.kda_inner
+        p = project(lw, "kda_in", x)
+        qkv = torch.cat([p["attn_q"], p["attn_k"], p["attn_v"]], -1)  # [T, 3*di]
+        xx = torch.cat([st.conv, qkv.T], 1)  # [3*di, K-1+T]
+        st.conv = xx[:, t:].clone()  # the last K-1 inputs
+        y = (xx.unfold(1, c.ssm_conv_kernel, 1) * lw["ssm_conv1d"]).sum(-1)  # [3*di, T] causal depthwise conv
+        y = F.silu(y).T  # [T, 3*di]
+        q, k, v = (z.reshape(t, h, hd) for z in y.split(di, -1))
+        g = linear(p["ssm_f_a"], lw["ssm_f_b"]) + lw["ssm_dt_b"]  # [T, di]
+        g = g.view(t, h, hd)
+        a = lw["ssm_a"].view(1, h, 1)  # holds -exp(A_log)
+        if c.kda_gate_lower_bound is not None:  # K3: lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias))
+            g = c.kda_gate_lower_bound * torch.sigmoid(-(g * a))
+        else:  # kimi-linear: -exp(A_log) * softplus(...)
+            g = F.softplus(g) * a
+        beta = torch.sigmoid(p["ssm_beta"])  # [T, H]
+        q, k = l2_norm(q, c.rms_norm_eps), l2_norm(k, c.rms_norm_eps)
+        scale = 1.0 / math.sqrt(hd)
+        if t == 1:
+            o, st.s = delta_rule_recurrent(q, k, v, g, beta, st.s, scale)
+        else:
+            o, st.s = delta_rule_chunked(q, k, v, g, beta, st.s, scale, self.kda_chunk)
+        o = rms_norm(o, lw["ssm_norm"], c.rms_norm_eps)  # [T, H, hd]
+        o = o * torch.sigmoid(p["ssm_g"]).view(t, h, hd)  # full-rank output gate
+        return linear(o.reshape(t, di), lw["attn_output"])
+
+    # -- MLA (multi-head latent attention, NoPE, stored as one latent MQA head) -----------------
+    def _mla(self, lw: dict[str, Any], x: Tensor, st: MLAState, n_past: int) -> Tensor:
+        """x [T, E] (normed) -> [T, E]; appends T latent rows to st.latent at n_past."""
+        c = self.cfg
+        t, h, kvr, nope = x.shape[0], c.n_head, c.kv_lora_rank, c.qk_nope_dim
+        p = project(lw, "mla_in", x)
+        if c.q_lora_rank > 0:
+            q = linear(rms_norm(p["attn_q_a"], lw["attn_q_a_norm"], c.rms_norm_eps), lw["attn_q_b"])
+        else:
+            q = p["attn_q"]
+        q = q.view(t, h, c.key_length_mla)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]  # [T, H, nope], [T, H, rope]
+        kv = p["attn_kv_a_mqa"]  # [T, kvr + rope]
+        kv = torch.cat([rms_norm(kv[:, :kvr], lw["attn_kv_a_norm"], c.rms_norm_eps), kv[:, kvr:]], -1)
+        st.latent[n_past:n_past + t] = kv.to(CACHE_DTYPE)
+        lat = st.latent[:n_past + t]  # [S, kvr + rope] f16
+        if self.faults.mla_as_mqa:  # read the latent head as a real MQA k/v head: no absorption
+            k_all = torch.cat([lat[:, :nope], lat[:, kvr:]], -1).float()  # [S, key_length_mla]
+            o = attend(q, k_all, lat[:, :c.value_length_mla].float(), n_past, 1.0 / math.sqrt(c.key_length_mla))
+        else:
+            wk_b, wv_b = lw["attn_k_b"], lw["attn_v_b"]  # [H, kvr, nope], [H, v, kvr]
+            qn = round_act(q_nope, wk_b.act).to(wk_b.w.dtype).transpose(0, 1)  # [H, T, nope]
+            q_abs = torch.bmm(qn, wk_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, kvr]
+            k_all = lat.float()  # [S, kvr + rope]
+            qq = torch.cat([q_abs, q_pe], -1)  # [T, H, kvr + rope]
+            o_lat = attend(qq, k_all, k_all[:, :kvr], n_past, 1.0 / math.sqrt(c.key_length_mla))  # [T, H, kvr]
+            ol = round_act(o_lat, wv_b.act).to(wv_b.w.dtype).transpose(0, 1)  # [H, T, kvr]
+            o = torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
+        if "attn_gate" in p:  # K3: sigmoid output gate on the normed layer input
+            o = o * torch.sigmoid(p["attn_gate"]).view(t, h, -1)
+        return linear(o.reshape(t, -1), lw["attn_output"])
+
+    # -- FFN -----------------------------------------------------------------------------------
+    def _dense(self, lw: dict[str, Any], x: Tensor) -> Tensor:
+        c = self.cfg
+        p = project(lw, "dense_in", x)
+        a = situ(p["ffn_gate"], p["ffn_up"], c.situ_beta, c.situ_linear_beta)
+        return linear(a, lw["ffn_down"])
+
+    def _moe(self, lw: dict[str, Any], x: Tensor) -> Tensor:
+        """Latent MoE: router on the full-width x [T, E]; experts at the latent width; shared at E."""
+        c = self.cfg
+        logits = linear(x, lw["ffn_gate_inp"])  # [T, n_expert] (float32 router, not fused)
+        p = project(lw, "moe_in", x)
+        probs = torch.sigmoid(logits) if c.expert_gating_func == 2 else torch.softmax(logits, -1)
+        sel = torch.topk(probs + lw["exp_probs_b"], c.n_expert_used, -1).indices  # [T, k]
+        wts = probs.gather(1, sel)  # [T, k], unbiased
+        if c.expert_weights_norm:
+            wts = wts / wts.sum(-1, keepdim=True).clamp_min(ROUTER_WSUM_MIN)
+        if c.expert_weights_scale not in (0.0, 1.0):
+            wts = wts * c.expert_weights_scale
+        lat = c.expert_latent_length
+        if self.faults.experts_hidden_width:
+            xin = x[:, :lat]
+        else:
+            xin = p["ffn_routed_down"]  # [T, lat]
+        out = self._experts(lw, xin, sel, wts)  # [T, lat]
+        if "ffn_routed_norm" in lw:
+            out = rms_norm(out, lw["ffn_routed_norm"], c.rms_norm_eps)
+        if self.faults.experts_hidden_width:
+            out = F.pad(out, (0, c.n_embd - lat))
+        else:
+            out = linear(out, lw["ffn_routed_up"])  # [T, E]
+        if "ffn_gate_shexp" in p:
+            sh = situ(p["ffn_gate_shexp"], p["ffn_up_shexp"], c.situ_beta, c.situ_linear_beta)
+            out = out + linear(sh, lw["ffn_down_shexp"])
+        return out
+
+    def _experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor) -> Tensor:
+        """Routed experts: sum_k wts[t,k] * down_e(situ(gate_e(x), up_e(x))). xin [T, lat] -> [T, lat]."""
+        c = self.cfg
+        gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]  # [X, ff, lat] x2, [X, lat, ff]
+        t, k = sel.shape
+        if t == 1:  # decode: gather the k experts' weights, batched matmuls (static shapes)
+            e = sel[0]
+            xg = round_act(xin, gate.act).to(gate.w.dtype).expand(k, -1)[:, None]  # [k, 1, lat]
+            xu = round_act(xin, up.act).to(up.w.dtype).expand(k, -1)[:, None]
+            g = torch.bmm(xg, gate.w[e].transpose(1, 2)).float()  # [k, 1, ff]
+            u = torch.bmm(xu, up.w[e].transpose(1, 2)).float()
+            a = round_act(situ(g, u, c.situ_beta, c.situ_linear_beta), down.act)
+            y = torch.bmm(a.to(down.w.dtype), down.w[e].transpose(1, 2)).float()[:, 0]  # [k, lat]
+            return (y * wts[0, :, None]).sum(0, keepdim=True)
+        out = torch.zeros(t, xin.shape[1], device=xin.device)
+        flat = sel.reshape(-1)  # [T*k]
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=c.n_expert).tolist()
+        rows_all = order // k  # token of each (sorted) assignment
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = order[start:start + n]
+            rows = rows_all[start:start + n]
+            start += n
+            xi = xin[rows]  # [n, lat]
+            a = situ(linear(xi, Mat(gate.w[e], gate.act)), linear(xi, Mat(up.w[e], up.act)), c.situ_beta,
+                     c.situ_linear_beta)
+            y = linear(a, Mat(down.w[e], down.act)) * wts.reshape(-1)[idx, None]  # [n, lat]
+            out.index_add_(0, rows, y)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# attention over the latent cache
+
+def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int, scale: float) -> Tensor:
+    """Causal softmax attention of T new queries over S = n_past + T keys, one shared KV head.
+
+    q [T, H, D], k [S, D], v [S, Dv] (f32 copies of the f16 cache) -> [T, H, Dv] f32; query t sees keys
+    0..n_past+t. All in float32, as llama.cpp's tiled CPU flash attention over an f16 cache (which it
+    uses for ubatches of >= 64 tokens; its per-row path for shorter ones rounds q and accumulates
+    in f16). Scores are computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET.
+    """
+    t, h, _ = q.shape
+    s = k.shape[0]
+    blk = max(1, min(t, ATTN_SCORE_BUDGET // max(1, h * s)))
+    out = []
+    kpos = torch.arange(s, device=q.device)
+    for t0 in range(0, t, blk):
+        qb = q[t0:t0 + blk]
+        sc = (qb @ k.T) * scale  # [tb, H, S]
+        qpos = n_past + t0 + torch.arange(qb.shape[0], device=q.device)
+        sc = sc.masked_fill((kpos[None, :] > qpos[:, None])[:, None, :], float("-inf"))
+        out.append(torch.softmax(sc, -1) @ v)  # [tb, H, Dv]
+    return torch.cat(out, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# the gated delta rule with a per-key-dimension decay (KDA)
+#
+# Per head, state S [dk, dv], token t with q, k [dk] (L2-normed), v [dv], g [dk] (log decay <= 0),
+# beta (scalar):  S' = diag(exp(g)) S;  u = beta * (v - S'^T k);  S = S' + k u^T;  o = scale * S^T q.
+# (ggml-cpu ops.cpp gated_delta_net, kda branch.)
+
+def delta_rule_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor,
+                         scale: float) -> tuple[Tensor, Tensor]:
+    """Token by token. q, k, g [T, H, dk], v [T, H, dv], beta [T, H], s [H, dk, dv] -> o [T, H, dv], s."""
+    outs = []
+    for i in range(q.shape[0]):
+        s = s * torch.exp(g[i])[:, :, None]
+        u = (v[i] - torch.bmm(k[i][:, None], s)[:, 0]) * beta[i][:, None]  # [H, dv]
+        s = s + k[i][:, :, None] * u[:, None, :]
+        outs.append(torch.bmm(q[i][:, None], s)[:, 0] * scale)
+    return torch.stack(outs, 0), s
+
+
+def _kda_chunk_for(lower_bound: float) -> int:
+    """Largest power-of-two chunk (<= KDA_CHUNK_MAX) whose half-chunk decay stays within exp(+-40)."""
+    c = KDA_CHUNK_MAX
+    while c > 1 and abs(lower_bound) * c / 2 > 40.0:
+        c //= 2
+    return c
+
+
+def delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor, scale: float,
+                       chunk: int) -> tuple[Tensor, Tensor]:
+    """Chunked (WY) form, same contract as delta_rule_recurrent.
+
+    Within a chunk of C tokens with cumulative log decay G_t = sum_{i<=t} g_i [dk]:
+      A_kk[t,j] = sum_d k_t k_j exp(G_t - G_j) (j < t),  A_qk[t,j] = sum_d q_t k_j exp(G_t - G_j) (j <= t)
+      (I + diag(beta) A_kk) U = diag(beta) (V - (k * exp(G)) S0)          -> U [C, dv]
+      O = scale * ((q * exp(G)) S0 + A_qk U);  S_C = exp(G_C) S0 + (k * exp(G_C - G))^T U
+    The pairwise decays are factored around the chunk's middle token, exp(G_t - G_m) * exp(G_m - G_j),
+    whose exponents stay within +-|lower bound| * C/2 (see _kda_chunk_for).
+    """
+    t, h, _ = q.shape
+    dv = v.shape[-1]
+    pad = (-t) % chunk
+    if pad:  # zero k, v, beta and g: padded tokens neither decay nor write the state
+        q, k, v, g = (F.pad(z, (0, 0, 0, 0, 0, pad)) for z in (q, k, v, g))
+        beta = F.pad(beta, (0, 0, 0, pad))
+    n = (t + pad) // chunk
+
+    def blocks(z: Tensor) -> Tensor:  # [T', H, D] -> [N, H, C, D]
+        return z.reshape(n, chunk, h, -1).permute(0, 2, 1, 3)
+
+    q, k, v, g = blocks(q), blocks(k), blocks(v), blocks(g)
+    b = beta.reshape(n, chunk, h).permute(0, 2, 1)[..., None]  # [N, H, C, 1]
+    gc = torch.cumsum(g, 2)  # [N, H, C, dk]
+    mid = gc[:, :, chunk // 2:chunk // 2 + 1]  # [N, H, 1, dk]
+    k_in = k * torch.exp(mid - gc)  # k_j exp(G_m - G_j)
+    a_kk = (k * torch.exp(gc - mid)) @ k_in.transpose(-1, -2)  # [N, H, C, C]
+    a_qk = (q * torch.exp(gc - mid)) @ k_in.transpose(-1, -2)
+    eye = torch.eye(chunk, device=q.device)
+    lhs = eye + torch.tril(b * a_kk, -1)
+    a_qk = torch.tril(a_qk)
+    k_dec = k * torch.exp(gc)  # k_t exp(G_t)
+    rhs = torch.cat([b * v, b * k_dec], -1)  # [N, H, C, dv + dk]
+    sol = torch.linalg.solve_triangular(lhs, rhs, upper=False, unitriangular=True)
+    u0, w = sol[..., :dv], sol[..., dv:]  # U = u0 - w S0
+    q_dec = q * torch.exp(gc)  # [N, H, C, dk]
+    g_last = gc[:, :, -1:]  # [N, H, 1, dk]
+    k_tail = k * torch.exp(g_last - gc)  # k_j exp(G_C - G_j)
+    outs = []
+    for i in range(n):
+        u = u0[i] - w[i] @ s  # [H, C, dv]
+        outs.append(scale * (q_dec[i] @ s + a_qk[i] @ u))
+        s = torch.exp(g_last[i]).transpose(-1, -2) * s + k_tail[i].transpose(-1, -2) @ u
+    o = torch.stack(outs, 0).permute(0, 2, 1, 3).reshape(n * chunk, h, dv)[:t]  # [T, H, dv]
+    return o, s

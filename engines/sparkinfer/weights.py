@@ -1,0 +1,147 @@
+"""GGUF -> torch: read every shard with gguf-py, dequantize each tensor, lay it out for model.py.
+
+gguf-py dequantizes F32/F16/BF16, Q4_0..Q8_0, the K-quants and the IQ quants (IQ1_S included) to
+float32 numpy arrays in numpy order (the reverse of ggml's ``ne``); each tensor is then cast to the
+compute dtype and moved to the device. Vectors (norms, residual scores, biases, ssm_a), the conv taps
+and the router stay float32 (small, and they steer softmaxes and top-k routing).
+
+With float32 compute, each matrix also records the activation rounding llama.cpp's CPU backend
+applies before multiplying by a weight of its GGUF type (its ``vec_dot_type``), see model.Mat.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scoreboard.errors import EngineError
+
+from .model import FUSED, K3Weights, Mat
+
+Progress = Callable[[str, "float | None"], None]
+
+_BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+VECTORS = {"attn_norm", "ffn_norm", "attn_res_score", "ffn_res_score", "attn_q_a_norm", "attn_kv_a_norm", "ssm_norm",
+           "ssm_a", "ssm_dt_b", "exp_probs_b", "ffn_routed_norm", "output_norm", "output_res_score",
+           "ssm_conv1d_q", "ssm_conv1d_k", "ssm_conv1d_v"}
+F32_MATS = {"ffn_gate_inp"}  # matrices kept in float32 whatever the compute dtype
+# ggml-cpu type_traits_cpu[type].vec_dot_type: how a matmul's activation is rounded for each weight type
+VEC_DOT = {"F32": None, "F16": "f16", "BF16": "bf16",
+           "Q4_0": "q8_0", "Q4_1": "q8_0", "Q5_0": "q8_0", "Q5_1": "q8_0", "Q8_0": "q8_0", "IQ4_NL": "q8_0",
+           "MXFP4": "q8_0", "Q2_K": "q8_K", "Q3_K": "q8_K", "Q4_K": "q8_K", "Q5_K": "q8_K", "Q6_K": "q8_K",
+           "IQ2_XXS": "q8_K", "IQ2_XS": "q8_K", "IQ2_S": "q8_K", "IQ3_XXS": "q8_K", "IQ3_S": "q8_K",
+           "IQ1_S": "q8_K", "IQ1_M": "q8_K", "IQ4_XS": "q8_K", "TQ1_0": "q8_K", "TQ2_0": "q8_K"}
+
+
+def _short(rest: str) -> str:
+    """'attn_q.weight' -> 'attn_q'; 'ssm_dt.bias' -> 'ssm_dt_b'; 'exp_probs_b.bias' -> 'exp_probs_b'."""
+    if rest.endswith(".weight"):
+        return rest[: -len(".weight")]
+    if rest.endswith(".bias"):
+        base = rest[: -len(".bias")]
+        return "ssm_dt_b" if base == "ssm_dt" else base
+    return rest
+
+
+def iter_tensors(shards: tuple[Path, ...]) -> Iterator[tuple[str, np.ndarray, str]]:
+    """(name, float32 array in numpy order, ggml type name) for every tensor of every shard."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    for path in shards:
+        try:
+            reader = GGUFReader(path)
+        except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
+            raise EngineError(f"{path}: cannot read GGUF ({exc})", "re-fetch or regenerate this shard") from exc
+        for t in reader.tensors:
+            shape = tuple(int(d) for d in reversed([int(x) for x in t.shape]))
+            try:
+                arr = dequantize(t.data, t.tensor_type)
+            except NotImplementedError as exc:
+                raise EngineError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which gguf-py "
+                                  "cannot dequantize", "requantize the weights to a supported type") from exc
+            yield t.name, np.array(arr, dtype=np.float32, copy=True).reshape(shape), t.tensor_type.name
+
+
+def load_weights(cfg: Any, shards: tuple[Path, ...], device: str, dtype: torch.dtype,
+                 progress: Progress | None = None) -> tuple[K3Weights, dict[str, str]]:
+    """Every tensor of every shard, checked against the config; returns weights and name -> ggml type."""
+    expected = set(cfg.tensor_shapes) if cfg.tensor_shapes else None
+    layers: list[dict[str, Any]] = [{} for _ in range(cfg.n_layer)]
+    glob: dict[str, Any] = {}
+    types: dict[str, str] = {}
+    total = len(expected) if expected else 0
+    for i, (name, arr, ttype) in enumerate(iter_tensors(shards)):
+        types[name] = ttype
+        m = _BLK.match(name)
+        key = _short(m.group(2) if m else name)
+        if m and int(m.group(1)) >= cfg.n_layer:
+            raise EngineError(f"tensor {name}: layer {m.group(1)} beyond block_count {cfg.n_layer}",
+                              "the shards do not belong to this config; regenerate the weights")
+        (layers[int(m.group(1))] if m else glob)[key] = _place(key, arr, ttype, device, dtype)
+        if progress and total:
+            progress(f"loading {name}", (i + 1) / total)
+    if expected is not None and set(types) != expected:
+        missing, extra = sorted(expected - set(types)), sorted(set(types) - expected)
+        raise EngineError(f"shards disagree with their metadata: missing {missing[:5]}, extra {extra[:5]}",
+                          "re-fetch the shards; the set of files is inconsistent")
+    for k in ("token_embd", "output_norm", "output"):
+        if k not in glob:
+            raise EngineError(f"tensor {k}.weight is missing", "the GGUF is incomplete; regenerate it")
+    for il, lw in enumerate(layers):
+        _layout_layer(cfg, il, lw)
+    w = K3Weights(tok_embd=glob["token_embd"].w, output_norm=glob["output_norm"], output=glob["output"],
+                  output_res_score=glob.get("output_res_score"), layers=layers)
+    return w, types
+
+
+def _place(key: str, arr: np.ndarray, ttype: str, device: str, dtype: torch.dtype) -> Any:
+    """A vector -> float32 tensor; a matrix -> Mat in the compute dtype (router: float32)."""
+    t = torch.from_numpy(arr)
+    if key in VECTORS:
+        return t.to(device=device, dtype=torch.float32)
+    act = VEC_DOT.get(ttype) if dtype == torch.float32 else None
+    return Mat(t.to(device=device, dtype=torch.float32 if key in F32_MATS else dtype), act)
+
+
+def _layout_layer(cfg: Any, il: int, lw: dict[str, Any]) -> None:
+    """Reshape one layer's tensors into the layouts model.py reads.
+
+    KDA: conv taps ggml {K, 1, d_inner(, 1)} -> one [3*d_inner, 1, K] f32 kernel (q|k|v rows). MLA: k_b
+    {nope, kvr, H} and v_b {kvr, v, H} are already [H, kvr, nope] and [H, v, kvr] in numpy order.
+    Then the matrices of each model.FUSED group are stacked.
+    """
+    def need(k: str) -> Any:
+        if k not in lw:
+            raise EngineError(f"tensor blk.{il}.{k} is missing", "the GGUF is incomplete; regenerate it")
+        return lw[k]
+
+    if cfg.head_count_kv[il] == 0:
+        di, kc = cfg.kda_inner, cfg.ssm_conv_kernel
+        convs = [need(f"ssm_conv1d_{x}").reshape(di, kc) for x in "qkv"]
+        lw["ssm_conv1d"] = torch.cat(convs, 0)[:, None, :]  # [3*di, 1, K]: tap j weighs input t-(K-1)+j
+        for x in "qkv":
+            del lw[f"ssm_conv1d_{x}"]
+        lw["ssm_a"] = need("ssm_a").reshape(cfg.n_head)
+    else:
+        need("attn_k_b")
+        need("attn_v_b")
+    for group, keys in FUSED.items():
+        _fuse(lw, group, [k for k in keys if k in lw])
+
+
+def _fuse(lw: dict[str, Any], group: str, keys: list[str]) -> None:
+    """Stack matrices that read the same input into one Mat (one product instead of several), when they
+    share the activation rounding and dtype; the model splits the product back (model.project)."""
+    mats = [lw[k] for k in keys]
+    if len(mats) < 2 or len({(m.act, m.w.dtype) for m in mats}) != 1:
+        return
+    lw[group] = Mat(torch.cat([m.w for m in mats], 0), mats[0].act, tuple(m.w.shape[0] for m in mats))
+    lw[group + ".keys"] = tuple(keys)
+    for k in keys:
+        del lw[k]

@@ -1,0 +1,156 @@
+"""`scoreboard round run` end to end on the real engines and k3-mini: the gate proves itself.
+
+Each test runs real rounds (pinned llama.cpp build from the cache, the bundled sparkinfer engine in
+fresh worker processes) against a copy of reference.lock whose k3-mini-cpu speed policy is shrunk
+(2 blocks, 1 rep) to keep the suite short.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from engines.sparkinfer.faults import FAULTS
+from scoreboard.lockfile import load_lock
+from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.verify import verify as verify_all
+from scoreboard.weights.verify import default_cache
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "k3-mini-cpu"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def lock(tmp_path: Path) -> Path:
+    doc = tomlkit.parse((REPO / "reference.lock").read_text())
+    t = doc["targets"][TARGET]
+    t["speed"]["blocks"] = 2
+    t["speed"]["reps"] = 1
+    t["speed"]["warmup_reps"] = 1
+    for name in list(doc["slots"]):  # a fresh history: this test's own frontier
+        doc["slots"][name]["value"] = 0.0
+        for k in ("round", "commit", "measured_at", "reps"):
+            doc["slots"][name].pop(k, None)
+    p = tmp_path / "reference.lock"
+    p.write_text(tomlkit.dumps(doc))
+    load_lock(p)
+    return p
+
+
+def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
+    base = dict(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds", cache_dir=default_cache(), seed=7)
+    base.update(kw)
+    return RoundOptions(**base)
+
+
+GATE_FAULTS = sorted(f for f in FAULTS if f != "cheat_when_timed")
+
+
+@pytest.mark.parametrize("fault", GATE_FAULTS)
+def test_every_injected_fault_is_rejected_before_timing(fault, lock, tmp_path):
+    out = run_round(_opts(lock, tmp_path, candidate_options={"faults": [fault]}))
+    r = out.receipt
+    assert r["status"] == "verdict", r.get("aborted")
+    assert r["verdict"]["label"] == "REJECT"
+    assert r["speed"] is None  # no speed numbers for a gate failure
+    assert not r["gate"]["pass"]
+    assert out.exit_code == 2
+    assert out.path is not None and out.path.exists()  # the REJECT is sealed and on the ledger
+    assert verify_all(lock, tmp_path / "rounds").ok
+
+
+def test_wrong_path_only_when_timed_is_rejected(lock, tmp_path):
+    """Correct when checked, a different path when timed: caught by the timed-output check."""
+    out = run_round(_opts(lock, tmp_path, candidate_options={"faults": ["cheat_when_timed"]}))
+    r = out.receipt
+    assert r["gate"]["pass"], r["gate"]["reasons"]
+    assert r["speed"] is not None
+    assert any(not m["timed_output_ok"] for m in r["speed"]["metrics"])
+    assert r["verdict"]["label"] == "REJECT"
+    assert any("differ" in x for x in r["verdict"]["reasons"])
+
+
+def test_main_round_sets_baseline_and_frontier_never_goes_down(lock, tmp_path):
+    first = run_round(_opts(lock, tmp_path, seed=11))
+    r = first.receipt
+    assert r["status"] == "verdict", r.get("aborted")
+    assert r["verdict"]["label"] == "BASELINE", r["verdict"]
+    assert first.path is not None
+    lk = load_lock(lock)
+    slot = lk.target(TARGET).slot("sparkinfer", lk.target(TARGET).scored)
+    f1 = lk.slots[slot].value
+    assert f1 > 0 and lk.slots[slot].round == r["round_id"]
+    second = run_round(_opts(lock, tmp_path, seed=12))
+    assert second.receipt["status"] == "verdict"
+    f2 = load_lock(lock).slots[slot].value
+    assert f2 >= f1  # raise-only
+    # the second round's gate ratchets against the first (main's last sealed KL)
+    assert all(d["ratchet_baseline"] is not None for d in second.receipt["gate"]["depths"])
+    assert verify_all(lock, tmp_path / "rounds").ok
+
+
+def test_same_seed_reproduces_the_gate_bit_for_bit(lock, tmp_path):
+    a = run_round(_opts(lock, tmp_path, seed=123, seal=False, gate_only=True)).receipt["gate"]
+    b = run_round(_opts(lock, tmp_path, seed=123, seal=False, gate_only=True)).receipt["gate"]
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    c = run_round(_opts(lock, tmp_path, seed=124, seal=False, gate_only=True)).receipt["gate"]
+    assert c["prompt"]["token_ids_sha256"] != a["prompt"]["token_ids_sha256"]
+
+
+def test_a_a_round_is_never_a_tier(lock, tmp_path):
+    """candidate = main = the same code (HEAD): none or inconclusive, never a tier."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("not a git checkout")
+    out = run_round(_opts(lock, tmp_path, candidate=head, seed=5))
+    r = out.receipt
+    assert r["status"] == "verdict", r.get("aborted")
+    assert r["main"] is not None and "main" in r["speed"]["metrics"][0]["arms"]
+    assert r["verdict"]["label"] in ("none", "inconclusive"), r["verdict"]
+    assert r["verdict"]["basis"] == "main-same-round"
+
+
+def test_cli_main_job_and_show(lock, tmp_path):
+    """The README's main job through the console script; `round show` renders what it sealed."""
+    rounds = tmp_path / "rounds"
+    proc = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--lock", str(lock),
+                           "--rounds", str(rounds), "--seed", "3"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verdict: BASELINE" in proc.stdout
+    receipts = sorted(rounds.glob("*.json"))
+    assert len(receipts) == 1
+    show = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(receipts[0])],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert show.returncode == 0 and "correctness gate" in show.stdout and "speed" in show.stdout
+    ver = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "verify", "--lock", str(lock), "--rounds",
+                          str(rounds)], capture_output=True, text=True, cwd=tmp_path)
+    assert ver.returncode == 0, ver.stdout + ver.stderr
+
+
+def test_bad_target_is_an_error_with_no_receipt(lock, tmp_path):
+    from scoreboard.errors import InputError
+
+    with pytest.raises(InputError, match="unknown target"):
+        run_round(_opts(lock, tmp_path, target="k3-mini-cpx"))
+    assert not (tmp_path / "rounds").exists()
+
+
+def test_engine_crash_aborts_with_a_complete_receipt(lock, tmp_path):
+    """A candidate that cannot even load: an aborted receipt (stage + reason), never a half-written one,
+    and an untouched lock."""
+    before = lock.read_bytes()
+    out = run_round(_opts(lock, tmp_path, candidate_options={"faults": ["no_such_fault"]}))
+    r = out.receipt
+    assert r["status"] == "aborted" and r["aborted"]["stage"] == "gate"
+    assert "no_such_fault" in r["aborted"]["reason"]
+    assert out.exit_code == 1
+    assert out.path is not None
+    assert json.loads(out.path.read_text())["seal"]["sha256"]
+    assert lock.read_bytes() == before
+    assert not [p for p in (tmp_path / "rounds").iterdir() if p.suffix == ".tmp"]
