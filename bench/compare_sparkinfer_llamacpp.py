@@ -113,7 +113,7 @@ def report(res: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from engines.llamacpp.engine import default_cache_dir
-    from engines.sparkinfer.faults import FAULTS
+    from engines.sparkinfer.faults import GATE_FAULTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", action="append", help="generated model preset (repeatable); default k3-mini")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flash-attn", type=int, default=None, help="reference flash_attn option (engine default if unset)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     a = ap.parse_args(argv)
-    faults = sorted(FAULTS) if a.faults == ["all"] else a.faults
+    faults = list(GATE_FAULTS) if a.faults == ["all"] else a.faults
     lock = load_lock(a.lock)
     models = [shard_paths(a.model)] if a.model else [model_shards(p, a.models_dir) for p in (a.preset or ["k3-mini"])]
     ref_options = {} if a.flash_attn is None else {"flash_attn": a.flash_attn}

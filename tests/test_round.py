@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from engines.sparkinfer.faults import FAULTS
+from engines.sparkinfer.faults import GATE_FAULTS
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.verify import verify as verify_all
@@ -47,9 +47,6 @@ def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
     base = dict(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds", cache_dir=default_cache(), seed=7)
     base.update(kw)
     return RoundOptions(**base)
-
-
-GATE_FAULTS = sorted(f for f in FAULTS if f != "cheat_when_timed")
 
 
 @pytest.mark.parametrize("fault", GATE_FAULTS)

@@ -13,14 +13,17 @@ Code paths (one for checking, the same for timing):
   round teacher-forces through the reference. (The last forward's argmax, g(n+1), is not returned.)
   With depth 0 the context is ``prompt_ids[:1]`` and it is fed inside the timed part: the forwards
   are fed prompt_ids[0], g1, ..., g(n-1). :func:`greedy_decode` is this path, for the gate's checked run.
+  With ``options["cuda_graph"]`` (the default on CUDA) begin() prefills into graph.py's persistent
+  buffers and captures the static-shape step once per attention span; step() replays it per token.
 * prefill timing — :meth:`begin` prefills ``prompt_ids[:depth]`` (untimed) and holds the next
   ``n_tokens`` prompt tokens; :meth:`step` ingests them in ``n_ubatch`` chunks and returns ``[argmax]``
   of the last position's logits (one id).
 
 The engine never reads a clock. Options (``EngineTarget.options``): ``dtype`` of the weights and matmuls
-("float32" by default, "bfloat16", "float16"; norms, softmaxes, router and recurrent state stay f32)
-and ``faults`` (faults.py). On k3-mini, CUDA float32 matched CPU float32 to KL 4e-11; float16 / bfloat16
-flip top-k routing (KL mean 0.011 / 0.028 vs float32), so a target opts into them explicitly.
+("float32" by default, "bfloat16", "float16"; norms, softmaxes, router and recurrent state stay f32),
+``cuda_graph`` (bool; default true on CUDA, refused on CPU) and ``faults`` (faults.py). On k3-mini, CUDA
+float32 matched CPU float32 to KL 4e-11; float16 / bfloat16 flip top-k routing (KL mean 0.011 / 0.028 vs
+float32), so a target opts into them explicitly.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from scoreboard.errors import EngineError, ScoreboardError, TransientError
 
 from . import OMP_WAIT_POLICY, __version__
 from .faults import Faults, apply_config_faults, parse_faults
+from .graph import StaticDecoder
 from .model import CACHE_DTYPE, K3Cache, K3Model
 from .weights import load_weights
 
@@ -71,6 +75,8 @@ class Loaded:
     geometry: Geometry
     faults: Faults
     decode_steps: int = 0  # decode step() calls in this process (the cheat_when_timed fault counts them)
+    static_decode: bool = False  # decode through graph.StaticDecoder (captured in a CUDA graph on CUDA)
+    decoder: StaticDecoder | None = None  # built by the first decode begin() that uses it
 
 
 @dataclass
@@ -79,6 +85,7 @@ class DecodeState:
     seed: torch.Tensor  # [1] long: the first token the timed part feeds
     n_tokens: int
     seed_is_output: bool  # True: seed = g1, the context's greedy next token (depth > 0)
+    generation: int | None = None  # the StaticDecoder reset this state lives in; None: eager decode
 
 
 @dataclass
@@ -109,6 +116,18 @@ def _dtype_name(target: EngineTarget) -> str:
     return name
 
 
+def _cuda_graph(target: EngineTarget) -> bool:
+    value = target.options.get("cuda_graph")
+    if value is None:
+        return target.device == "cuda"
+    if not isinstance(value, bool):
+        raise EngineError(f"options.cuda_graph: expected true or false, not {value!r}", "set it to true or false")
+    if value and target.device != "cuda":
+        raise EngineError("options.cuda_graph: CUDA graphs need a cuda target, this one is cpu",
+                          "drop options.cuda_graph from the cpu target")
+    return value
+
+
 def _threads(geometry: Geometry) -> int:
     return geometry.n_threads or os.cpu_count() or 1
 
@@ -130,6 +149,7 @@ class SparkInferEngine(Engine):
             device=target.device,
             extra={"torch": torch.__version__, "gguf": _version("gguf"), "dtype": _dtype_name(target),
                    "kv_cache": str(CACHE_DTYPE).removeprefix("torch."), "faults": list(faults.names),
+                   "cuda_graph": _cuda_graph(target),
                    "omp_wait_policy": OMP_WAIT_POLICY,
                    "geometry": target.geometry.as_dict()},
         )
@@ -161,7 +181,8 @@ class SparkInferEngine(Engine):
         if model.cfg.n_layer != len(weights.layers):
             raise EngineError(f"loaded {len(weights.layers)} layers for a {model.cfg.n_layer}-layer config",
                               "report this as a sparkinfer bug")
-        handle = Loaded(model, cfg, target.device, dtype, target.geometry, faults)
+        handle = Loaded(model, cfg, target.device, dtype, target.geometry, faults,
+                        static_decode=identity.extra["cuda_graph"])
         return Prepared(identity=identity, handle=handle,
                         notes={"n_params": cfg.n_params(), "n_layer": cfg.n_layer, "mla_layers": list(cfg.mla_layers),
                                "kda_chunk": model.kda_chunk, "threads": torch.get_num_threads(),
@@ -218,6 +239,8 @@ class SparkInferEngine(Engine):
                               f"needs {have}", "give the workload enough prompt ids")
         need = d + n  # cache rows: the context plus the tokens the timed part feeds
         with torch.inference_mode():
+            if workload.phase == "decode" and h.static_decode:
+                return _begin_static(h, p, d, n, _n_ctx(h.geometry, need))
             cache = h.model.new_cache(_n_ctx(h.geometry, need))
             if workload.phase == "prefill":
                 if d:
@@ -238,7 +261,10 @@ class SparkInferEngine(Engine):
             h.decode_steps += 1
             if h.faults.cheat_when_timed and h.decode_steps > 1:
                 return [int(state.seed[0])] * state.n_tokens  # the shortcut: no forward passes at all
-            out = decode(h.model, state.cache, state.seed, state.n_tokens)
+            if state.generation is None:
+                out = decode(h.model, state.cache, state.seed, state.n_tokens)
+            else:
+                out = _decoder(h, state).run(state.seed, state.n_tokens)
             return ([int(state.seed[0])] + out[:-1]) if state.seed_is_output else out
 
     def synchronize(self, prepared: Prepared) -> None:
@@ -277,6 +303,27 @@ def decode(model: K3Model, cache: K3Cache, seed: torch.Tensor, n_tokens: int) ->
         tok = model.forward(tok, cache, row0).argmax(-1)  # [1], stays on the device
         out.append(tok)
     return [int(x) for x in torch.cat(out).tolist()]
+
+
+def _begin_static(h: Loaded, p: list[int], d: int, n: int, n_ctx: int) -> DecodeState:
+    """begin() of a decode workload on the static path: reset (and on first use capture) the persistent
+    decoder, prefill the context into its buffers in place."""
+    if h.decoder is None or h.decoder.n_ctx != n_ctx:
+        h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
+    cache = h.decoder.reset(d + n)
+    if d == 0:
+        seed, seed_is_output = _ids(h, p[:1]), False
+    else:
+        seed, seed_is_output = prefill(h.model, cache, _ids(h, p[:d]), h.geometry.n_ubatch, [d - 1]).argmax(-1), True
+    h.decoder.check()
+    return DecodeState(cache, seed, n, seed_is_output, generation=h.decoder.generation)
+
+
+def _decoder(h: Loaded, state: DecodeState) -> StaticDecoder:
+    if h.decoder is None or h.decoder.generation != state.generation:
+        raise EngineError("sparkinfer: this decode state was superseded by a later begin() (one static decoder "
+                          "per prepared engine)", "call step() on a state before the next begin()")
+    return h.decoder
 
 
 def greedy_decode(prepared: Prepared, prompt_ids: list[int] | tuple[int, ...], depth: int, n_tokens: int) -> list[int]:

@@ -33,6 +33,11 @@ FAULTS: dict[str, str] = {
                         "the fast path only taken when nobody checks (MLPerf TEST01)",
 }
 
+# faults that change the model's numbers (the gate's logits see them) vs. faults that only change
+# what the timed path does (caught by the timed-output check, MLPerf TEST01)
+TIMED_ONLY_FAULTS = ("cheat_when_timed",)
+GATE_FAULTS = tuple(sorted(f for f in FAULTS if f not in TIMED_ONLY_FAULTS))
+
 SITU_BETA_DEFAULT = 1.0  # the value a guessing loader would use
 
 

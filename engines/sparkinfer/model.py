@@ -182,11 +182,20 @@ class K3Model:
         return K3Cache(layers=layers, n_ctx=n_ctx)
 
     # -- forward -------------------------------------------------------------------------------
-    def forward(self, ids: Tensor, cache: K3Cache, out_rows: Tensor | None = None) -> Tensor | None:
-        """Consume ids [T] at positions n_past.. into `cache`; logits [R, V] f32 for rows `out_rows` [R]."""
+    def forward(self, ids: Tensor, cache: K3Cache, out_rows: Tensor | None = None, pos: Tensor | None = None,
+                span: int = 0) -> Tensor | None:
+        """Consume ids [T] at positions n_past.. into `cache`; logits [R, V] f32 for rows `out_rows` [R].
+
+        Static single-token mode (the CUDA-graph step, graph.py): with `pos` [1] long on the device, the one
+        token goes to position pos and attends over the first `span` latent rows, those beyond pos masked;
+        cache.n_past is neither read nor advanced, so no shape and no host value depends on the position.
+        """
         c = self.cfg
         t = int(ids.shape[0])
-        if cache.n_past + t > cache.n_ctx:
+        if pos is not None:
+            if t != 1 or not 0 < span <= cache.n_ctx:
+                raise ValueError(f"static step: needs 1 token (got {t}) and 0 < span {span} <= n_ctx {cache.n_ctx}")
+        elif cache.n_past + t > cache.n_ctx:
             raise ValueError(f"context overflow: {cache.n_past} + {t} tokens > n_ctx {cache.n_ctx}")
         x = self.w.tok_embd[ids].float()  # [T, E] residual stream, f32
         bank: Tensor | None = None  # [T, C, E] raw checkpoints of the residual stream
@@ -203,13 +212,15 @@ class K3Model:
             if c.head_count_kv[src] == 0:
                 cur = self._kda(self.w.layers[src], cur, cache.layers[src])
             else:
-                cur = self._mla(self.w.layers[src], cur, cache.layers[src], cache.n_past)
+                at = cache.n_past if pos is None else pos
+                cur = self._mla(self.w.layers[src], cur, cache.layers[src], at, span)
             prefix = cur if banked else prefix + cur
             cur = self._res_mix(prefix, bank, lw["ffn_res_score"]) if use_res else prefix
             cur = rms_norm(cur, lw["ffn_norm"], c.rms_norm_eps)
             cur = self._dense(lw, cur) if il < c.n_layer_dense_lead else self._moe(lw, cur)
             x = prefix + cur
-        cache.n_past += t
+        if pos is None:
+            cache.n_past += t
         if out_rows is None:
             return None
         if use_res:  # per token, so narrow to the output rows first
@@ -236,13 +247,13 @@ class K3Model:
 
     # -- KDA (Kimi Delta Attention) ------------------------------------------------------------
     def _kda(self, lw: dict[str, Any], x: Tensor, st: KDAState) -> Tensor:
-        """x [T, E] (normed) -> [T, E]; updates st.conv and st.s."""
+        """x [T, E] (normed) -> [T, E]; updates st.conv and st.s in place (a CUDA graph holds their storage)."""
         c = self.cfg
         t, h, hd, di = x.shape[0], c.n_head, c.kda_head_dim, c.kda_inner
         p = project(lw, "kda_in", x)
         qkv = torch.cat([p["attn_q"], p["attn_k"], p["attn_v"]], -1)  # [T, 3*di]
         xx = torch.cat([st.conv, qkv.T], 1)  # [3*di, K-1+T]
-        st.conv = xx[:, t:].clone()  # the last K-1 inputs
+        st.conv.copy_(xx[:, t:])  # the last K-1 inputs
         y = (xx.unfold(1, c.ssm_conv_kernel, 1) * lw["ssm_conv1d"]).sum(-1)  # [3*di, T] causal depthwise conv
         y = F.silu(y).T  # [T, 3*di]
         q, k, v = (z.reshape(t, h, hd) for z in y.split(di, -1))
@@ -257,16 +268,18 @@ class K3Model:
         q, k = l2_norm(q, c.rms_norm_eps), l2_norm(k, c.rms_norm_eps)
         scale = 1.0 / math.sqrt(hd)
         if t == 1:
-            o, st.s = delta_rule_recurrent(q, k, v, g, beta, st.s, scale)
+            o, s = delta_rule_recurrent(q, k, v, g, beta, st.s, scale)
         else:
-            o, st.s = delta_rule_chunked(q, k, v, g, beta, st.s, scale, self.kda_chunk)
+            o, s = delta_rule_chunked(q, k, v, g, beta, st.s, scale, self.kda_chunk)
+        st.s.copy_(s)
         o = rms_norm(o, lw["ssm_norm"], c.rms_norm_eps)  # [T, H, hd]
         o = o * torch.sigmoid(p["ssm_g"]).view(t, h, hd)  # full-rank output gate
         return linear(o.reshape(t, di), lw["attn_output"])
 
     # -- MLA (multi-head latent attention, NoPE, stored as one latent MQA head) -----------------
-    def _mla(self, lw: dict[str, Any], x: Tensor, st: MLAState, n_past: int) -> Tensor:
-        """x [T, E] (normed) -> [T, E]; appends T latent rows to st.latent at n_past."""
+    def _mla(self, lw: dict[str, Any], x: Tensor, st: MLAState, n_past: int | Tensor, span: int = 0) -> Tensor:
+        """x [T, E] (normed) -> [T, E]; appends T latent rows to st.latent at n_past (a [1] device tensor in
+        the static step, which then attends over the first `span` rows)."""
         c = self.cfg
         t, h, kvr, nope = x.shape[0], c.n_head, c.kv_lora_rank, c.qk_nope_dim
         p = project(lw, "mla_in", x)
@@ -278,8 +291,12 @@ class K3Model:
         q_nope, q_pe = q[..., :nope], q[..., nope:]  # [T, H, nope], [T, H, rope]
         kv = p["attn_kv_a_mqa"]  # [T, kvr + rope]
         kv = torch.cat([rms_norm(kv[:, :kvr], lw["attn_kv_a_norm"], c.rms_norm_eps), kv[:, kvr:]], -1)
-        st.latent[n_past:n_past + t] = kv.to(CACHE_DTYPE)
-        lat = st.latent[:n_past + t]  # [S, kvr + rope] f16
+        if isinstance(n_past, Tensor):  # static step: row pos written on the device, keys beyond it masked
+            st.latent.index_copy_(0, n_past, kv.to(CACHE_DTYPE))
+            lat = st.latent[:span]
+        else:
+            st.latent[n_past:n_past + t] = kv.to(CACHE_DTYPE)
+            lat = st.latent[:n_past + t]  # [S, kvr + rope] f16
         if self.faults.mla_as_mqa:  # read the latent head as a real MQA k/v head: no absorption
             k_all = torch.cat([lat[:, :nope], lat[:, kvr:]], -1).float()  # [S, key_length_mla]
             o = attend(q, k_all, lat[:, :c.value_length_mla].float(), n_past, 1.0 / math.sqrt(c.key_length_mla))
@@ -369,13 +386,14 @@ class K3Model:
 # ----------------------------------------------------------------------------------------------
 # attention over the latent cache
 
-def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int, scale: float) -> Tensor:
-    """Causal softmax attention of T new queries over S = n_past + T keys, one shared KV head.
+def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int | Tensor, scale: float) -> Tensor:
+    """Causal softmax attention of T new queries over S >= n_past + T keys, one shared KV head.
 
     q [T, H, D], k [S, D], v [S, Dv] (f32 copies of the f16 cache) -> [T, H, Dv] f32; query t sees keys
-    0..n_past+t. All in float32, as llama.cpp's tiled CPU flash attention over an f16 cache (which it
-    uses for ubatches of >= 64 tokens; its per-row path for shorter ones rounds q and accumulates
-    in f16). Scores are computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET.
+    0..n_past+t (n_past an int, or a [1] device tensor in the static step; later keys are masked). All
+    in float32, as llama.cpp's tiled CPU flash attention over an f16 cache (which it uses for ubatches
+    of >= 64 tokens; its per-row path for shorter ones rounds q and accumulates in f16). Scores are
+    computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET.
     """
     t, h, _ = q.shape
     s = k.shape[0]

@@ -112,8 +112,8 @@ class GateStage:
         pol = t.gate
         per_depth = {d: gate_positions(d, pol.rows_per_depth) for d in pol.depths}
         positions = sorted({p for ps in per_depth.values() for p in ps})
-        ids = self.prompt.token_ids[: max(pol.depths)]
         geom = rnd.engine_target().geometry
+        ids = padded(self.prompt.token_ids[: max(pol.depths)], geom.n_ubatch, geom.n_ctx, self.prompt.token_ids)
         rnd.report("step", message=f"reference logits: {len(positions)} rows at depths {list(pol.depths)}")
         ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(ids, tuple(positions), geom))
         if ref.command:
@@ -159,10 +159,31 @@ class GateStage:
     def greedy_agreement(self, w: Workload, toks: list[int]) -> float:
         """Teacher-force the candidate's greedy tokens through the reference: fraction of argmax matches."""
         rnd = self.rnd
+        geom = rnd.engine_target().geometry
         seq = tuple(w.prompt_ids[: w.depth]) + tuple(toks[:-1])
         pos = tuple(range(w.depth - 1, w.depth - 1 + len(toks)))
-        ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(seq, pos, rnd.engine_target().geometry))
+        seq = padded(seq, geom.n_ubatch, geom.n_ctx, tuple(self.prompt.token_ids))
+        ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(seq, pos, geom))
         return float(np.mean(np.argmax(ref.logits, axis=-1) == np.asarray(toks)))
+
+
+SHORT_UBATCH = 64  # llama.cpp takes a less precise KDA path for ubatches under 64 tokens (LLAMACPP.md)
+
+
+def padded(ids: tuple[int, ...], n_ubatch: int, n_ctx: int, filler: tuple[int, ...]) -> tuple[int, ...]:
+    """`ids` extended with filler tokens so that no ubatch is shorter than SHORT_UBATCH tokens.
+
+    Causal attention: rows at positions < len(ids) do not depend on the tokens after them, only on the
+    path the engine takes; both engines get the same padded sequence, graded rows are unchanged.
+    """
+    tail = len(ids) % n_ubatch
+    if tail == 0 or tail >= SHORT_UBATCH:
+        return ids
+    want = min(len(ids) - tail + n_ubatch, n_ctx)
+    if want - len(ids) + tail < SHORT_UBATCH:
+        return ids
+    fill = (filler * (1 + (want - len(ids)) // max(len(filler), 1)))[: want - len(ids)]
+    return ids + tuple(fill)
 
 
 def _wl(w: Workload) -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""The greedy decode step with static shapes, captured once in a CUDA graph and replayed per token.
+
+Eager decode on CUDA is launch-bound (k3-mini: ~90 tok/s on an H200, a few hundred kernel launches per
+token). :class:`StaticDecoder` keeps everything one decode step touches in persistent buffers, so the
+step has the same shapes and addresses every token and a CUDA graph can record it once:
+
+* the cache (MLA latent rows [n_ctx, kvr + rope] f16, KDA conv and delta-rule state f32), updated in place;
+* the inputs ``tok`` [1] and ``pos`` [1] (long, on the device): the token fed and its position;
+* the outputs ``logits`` [1, V] f32 and ``hist`` [n_ctx] long, hist[p] = argmax after consuming position p.
+
+One step (``K3Model.forward`` in its static mode) writes the latent row at ``pos`` and attends over the
+first ``span`` rows with the rows beyond ``pos`` masked, then feeds itself: ``tok`` <- argmax, ``pos`` += 1.
+So n tokens are n replays and one read of ``hist`` at the end. Routed experts are gathered with the fixed
+[top-k] index shape (model._experts' single-token path), which a graph records as it is.
+
+A graph holds the storage of every buffer it touches: the prefill in begin() writes into the same
+buffers in place (:meth:`StaticDecoder.check` verifies it did). The latent span is a power of two
+>= the rows a workload needs (one graph per span, captured on first use, in the untimed begin()).
+On CPU nothing is captured and the same step runs eagerly (what the equivalence tests exercise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scoreboard.errors import EngineError
+
+from .model import K3Cache, K3Model
+
+SPAN_MIN = 256  # smallest attention span: small workloads share one graph
+WARMUP = 2  # eager steps on a side stream before capture (lazy init: cuBLAS handles, workspaces)
+
+
+def span_for(need: int, n_ctx: int) -> int:
+    """Latent rows the static step attends over: the next power of two >= need (at least SPAN_MIN),
+    capped at n_ctx."""
+    span = SPAN_MIN
+    while span < need:
+        span *= 2
+    return min(span, n_ctx)
+
+
+def _buffers(cache: K3Cache) -> list[torch.Tensor]:
+    """Every state tensor of a cache, in a fixed order."""
+    out = []
+    for i in sorted(cache.layers):
+        st = cache.layers[i]
+        out += [st.latent] if hasattr(st, "latent") else [st.conv, st.s]
+    return out
+
+
+class StaticDecoder:
+    """Persistent decode buffers for one model and n_ctx, and one captured step per attention span."""
+
+    def __init__(self, model: K3Model, n_ctx: int, capture: bool):
+        dev = model.device
+        self.model, self.n_ctx, self.capture = model, n_ctx, capture
+        self.cache = model.new_cache(n_ctx)
+        self.tok = torch.zeros(1, dtype=torch.long, device=dev)  # [1] the token fed at pos
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # [1] its position
+        self.row0 = torch.zeros(1, dtype=torch.long, device=dev)  # [1] the output row (the only one)
+        self.logits = torch.zeros(1, model.cfg.n_vocab, device=dev)  # [1, V] f32, the last step's
+        self.hist = torch.zeros(n_ctx, dtype=torch.long, device=dev)  # [n_ctx] argmax after position p
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.span = 0  # the current sequence's span (set by reset)
+        self.generation = 0  # bumped by every reset: a DecodeState remembers the one it was made in
+        self._ptrs = [b.data_ptr() for b in _buffers(self.cache)]
+
+    def step(self, span: int) -> None:
+        """One static-shape decode step: consume tok at pos, then tok <- argmax and pos += 1."""
+        logits = self.model.forward(self.tok, self.cache, self.row0, pos=self.pos, span=span)  # [1, V]
+        nxt = logits.argmax(-1)  # [1]
+        self.logits.copy_(logits)
+        self.hist.index_copy_(0, self.pos, nxt)
+        self.tok.copy_(nxt)
+        self.pos.add_(1)
+
+    def _capture(self, span: int) -> torch.cuda.CUDAGraph:
+        """Warm the step up on a side stream, then record it (both clobber the buffers: reset follows)."""
+        self.tok.zero_()
+        self.pos.zero_()
+        side = torch.cuda.Stream(device=self.model.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP):
+                self.step(span)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step(span)
+        return graph
+
+    def reset(self, need: int) -> K3Cache:
+        """Ready for a new sequence of at most `need` rows: capture its span's graph if new (CUDA), zero
+        the state in place; returns the cache to prefill into (n_past 0)."""
+        if need > self.n_ctx:
+            raise EngineError(f"{need} tokens do not fit the decoder's n_ctx {self.n_ctx}",
+                              "raise geometry.n_ctx in the target, or ask for less depth")
+        self.span = span_for(need, self.n_ctx)
+        if self.capture and self.span not in self.graphs:
+            try:
+                self.graphs[self.span] = self._capture(self.span)
+            except RuntimeError as exc:
+                raise EngineError(f"capturing the decode step in a CUDA graph (span {self.span}) failed: {exc}",
+                                  "set options.cuda_graph = false in the target to decode eagerly") from exc
+        for b in _buffers(self.cache):
+            b.zero_()
+        self.hist.zero_()
+        self.cache.n_past = 0
+        self.generation += 1
+        return self.cache
+
+    def check(self) -> None:
+        """The prefill must have updated the state in place: a captured graph still points at it."""
+        if [b.data_ptr() for b in _buffers(self.cache)] != self._ptrs:
+            raise EngineError("sparkinfer: the prefill replaced a cache buffer instead of updating it in place, "
+                              "so the captured decode graph would read stale state",
+                              "report this as a sparkinfer bug; set options.cuda_graph = false meanwhile")
+
+    def run(self, seed: torch.Tensor, n_tokens: int) -> list[int]:
+        """n_tokens steps from cache.n_past, fed seed [1] first; the n_tokens argmaxes (one sync)."""
+        start = self.cache.n_past
+        if start + n_tokens > self.span:
+            raise EngineError(f"decoding {n_tokens} tokens from position {start} overruns the span {self.span}",
+                              "call begin() for this workload first")
+        self.tok.copy_(seed.reshape(1))
+        self.pos.fill_(start)
+        graph = self.graphs.get(self.span)
+        for _ in range(n_tokens):
+            if graph is None:
+                self.step(self.span)
+            else:
+                graph.replay()
+        self.cache.n_past = start + n_tokens
+        return [int(x) for x in self.hist[start:start + n_tokens].tolist()]

@@ -1,0 +1,84 @@
+"""Round building blocks: balanced schedule, seeded prompt, ubatch padding, candidate resolution, worker env."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scoreboard.errors import InputError
+from scoreboard.round.candidate import import_root, resolve
+from scoreboard.round.prompt import draw_prompt
+from scoreboard.round.schedule import balanced_schedule
+from scoreboard.round.stages import SHORT_UBATCH, padded
+from scoreboard.round.workers import SECRET_ENV, worker_env
+
+
+def test_schedule_is_balanced_seeded_and_not_reference_first():
+    s = balanced_schedule(["reference", "candidate"], 8, seed=3)
+    firsts = collections.Counter(order[0] for order in s)
+    assert firsts["reference"] == firsts["candidate"] == 4
+    assert s == balanced_schedule(["reference", "candidate"], 8, seed=3)
+    assert any(balanced_schedule(["reference", "candidate"], 8, seed=k) != s for k in range(4, 10))
+    three = balanced_schedule(["reference", "candidate", "main"], 6, seed=1)
+    for pos in range(3):
+        assert len({order[pos] for order in three}) == 3 and collections.Counter(o[pos] for o in three) == \
+            collections.Counter({"reference": 2, "candidate": 2, "main": 2})
+
+
+class _Tok:
+    def encode(self, text):
+        return [ord(c) % 256 for c in text]
+
+
+def test_prompt_is_reproducible_by_seed_and_long_enough():
+    a = draw_prompt(_Tok(), 5000, seed=9)
+    assert len(a.token_ids) == 5000  # tiled past the corpus length
+    assert a == draw_prompt(_Tok(), 5000, seed=9)
+    assert a.token_ids != draw_prompt(_Tok(), 5000, seed=10).token_ids
+    assert a.describe()["seed"] == 9 and len(a.describe()["token_ids_sha256"]) == 64
+
+
+def test_padding_avoids_short_ubatches_and_keeps_the_prefix():
+    ids = tuple(range(1055))
+    p = padded(ids, 512, 2048, (7,))
+    assert p[:1055] == ids and len(p) % 512 == 0
+    assert padded(tuple(range(1024)), 512, 2048, (7,)) == tuple(range(1024))  # no tail
+    assert padded(tuple(range(1100)), 512, 2048, (7,)) == tuple(range(1100))  # tail of 76 >= 64
+    assert len(padded(tuple(range(1000)), 512, 1010, (7,))) == 1000  # cannot pad within n_ctx: unchanged
+    assert SHORT_UBATCH == 64
+
+
+def _git(*args, cwd):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_candidate_resolution(tmp_path: Path):
+    repo = tmp_path / "repo"
+    (repo / "engines").mkdir(parents=True)
+    (repo / "engines" / "__init__.py").write_text("")
+    _git("init", "-q", "-b", "main", cwd=repo)
+    _git("-c", "user.email=t@t", "-c", "user.name=t", "add", "-A", cwd=repo)
+    _git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x", cwd=repo)
+    head = _git("rev-parse", "HEAD", cwd=repo)
+    main = resolve("main", tmp_path / "cache", repo=repo)
+    assert main.is_main and main.commit == head and not main.dirty
+    rev = resolve(head, tmp_path / "cache", repo=repo)
+    assert not rev.is_main and rev.commit == head and (rev.root / "engines").is_dir() and rev.root != repo
+    path = resolve(str(repo), tmp_path / "cache", repo=repo)
+    assert not path.is_main and path.commit == head
+    with pytest.raises(InputError, match="neither 'main'"):
+        resolve("no-such-rev", tmp_path / "cache", repo=repo)
+    shim = import_root(rev, tmp_path / "cache")
+    assert (shim / "engines").resolve() == (rev.root / "engines").resolve()
+    assert [p.name for p in shim.iterdir()] == ["engines"]  # only the candidate's engines, never scoreboard
+
+
+def test_worker_env_strips_secrets(monkeypatch, tmp_path):
+    for k in SECRET_ENV:
+        monkeypatch.setenv(k, "secret")
+    env = worker_env(tmp_path)
+    assert not any(k in env for k in SECRET_ENV)
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
