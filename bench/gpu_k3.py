@@ -100,13 +100,16 @@ def decode_mid(ref, cache, shards, depths, n_tokens, reps):
     rng = np.random.default_rng(1)
     ids = tuple(int(x) for x in rng.integers(0, 1020, max(depths) + n_tokens + 1))
     out = {}
-    llama = registry.load("llamacpp")
-    lp = llama.prepare(EngineTarget("k3-mid", Path(shards[0]), tuple(map(Path, shards)), "cuda", geom,
-                                    reference=ref), cache)
-    for d in depths:
-        reps_ = llama.timed(lp, Workload("decode", d, n_tokens, ids[: d + n_tokens]), reps)
-        out[f"llamacpp_decode@{d}"] = {"tok_s": tps(reps_), "command": reps_[0].command}
-    out["llamacpp_prefill512@0"] = {"tok_s": tps(llama.timed(lp, Workload("prefill", 0, 512, ids[:512]), reps))}
+    try:
+        llama = registry.load("llamacpp")
+        lp = llama.prepare(EngineTarget("k3-mid", Path(shards[0]), tuple(map(Path, shards)), "cuda", geom,
+                                        reference=ref), cache)
+        for d in depths:
+            reps_ = llama.timed(lp, Workload("decode", d, n_tokens, ids[: d + n_tokens]), reps)
+            out[f"llamacpp_decode@{d}"] = {"tok_s": tps(reps_), "command": reps_[0].command}
+        out["llamacpp_prefill512@0"] = {"tok_s": tps(llama.timed(lp, Workload("prefill", 0, 512, ids[:512]), reps))}
+    except Exception as exc:
+        out["llamacpp_error"] = f"{type(exc).__name__}: {exc}"
     spark = registry.load("sparkinfer")
     for dtype, graph in (("bfloat16", False), ("bfloat16", True), ("float32", True)):
         key = f"sparkinfer_{dtype}{'_graph' if graph else '_eager'}"
@@ -126,7 +129,16 @@ def decode_mid(ref, cache, shards, depths, n_tokens, reps):
     return out
 
 
+def _register() -> None:
+    """Without a pip install on the box the entry points are absent: inject the bundled engines by spec."""
+    for name, spec in (("llamacpp", "engines.llamacpp.engine:LlamaCppEngine"),
+                       ("sparkinfer", "engines.sparkinfer.engine:SparkInferEngine")):
+        if name not in registry.available():
+            registry.inject(name, spec)
+
+
 def main() -> None:
+    _register()
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-git", required=True)
     ap.add_argument("--llama-commit", required=True)
