@@ -181,6 +181,13 @@ def fit_budget(lock, target_id: str, *, n_ctx: int | None = None, ranks: int | N
     return rep
 
 
+def price_weights(rep: FitReport, gib: float, how: str) -> FitReport:
+    """The same budget with its weights line priced by a concrete plan (e.g. an engine's shard plan: the
+    largest rank's share + the replicated weights), instead of the lock's sharded/replicated totals."""
+    lines = [FitLine("weights", gib, how) if x.item == "weights" else x for x in rep.lines]
+    return FitReport(rep.target, rep.ranks, rep.n_ctx, rep.usable_gib, rep.usable_source, lines, rep.device_kind)
+
+
 def check_fit(rep: FitReport) -> FitReport:
     """Refuse (InputError, with the numbers) a configuration that does not fit or would offload."""
     if rep.usable_gib <= 0:
