@@ -167,6 +167,7 @@ class TierPolicy(_Model):
     guard_tolerance: float = Field(ge=0, lt=1)  # guard may lose at most this fraction
     confidence: float = Field(default=0.95, gt=0, lt=1)
     bootstrap_resamples: int = Field(default=2000, ge=100)
+    min_blocks: int = Field(default=4, ge=2)  # fewer paired blocks: no CI can award a tier or convict a guard
 
     @field_validator("buckets")
     @classmethod

@@ -140,6 +140,9 @@ def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
     g = ev.gain
     ci = ev.gain_ci
     lo, hi = ci if ci is not None else (g, g)
+    if ev.ratio is not None and ev.ratio.n_blocks < policy.min_blocks:
+        return "inconclusive", [f"{ev.name}: {ev.ratio.n_blocks} paired blocks < min_blocks {policy.min_blocks}: "
+                                f"too few to estimate the noise; rerun with --blocks {policy.min_blocks} or more"]
     if ci is not None and hi - lo > policy.max_ci_width + _EPS:
         n = ev.ratio.n_blocks
         total = suggest_blocks(n, hi - lo, policy.max_ci_width)
@@ -169,6 +172,9 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
         ci = g.gain_ci
         if ci is None:
             notes.append(f"guard {g.name}: no basis yet, cannot regress")
+            continue
+        if g.ratio is not None and g.ratio.n_blocks < policy.min_blocks:
+            notes.append(f"guard {g.name}: {g.ratio.n_blocks} blocks < min_blocks {policy.min_blocks}, not judged")
             continue
         if ci[1] < -tol - _EPS:
             fails.append(f"guard {g.name} regressed: {g.value:.4g} vs {g.frontier:.4g} {g.unit} ({g.basis}), "

@@ -413,3 +413,16 @@ def test_cli_unknown_receipt_major_exits_1(tmp_path, monkeypatch, capsys):
     p.write_text(json.dumps(r), encoding="utf-8")
     code, _, err = _cli(monkeypatch, capsys, "--receipt", str(p))
     assert code == 1 and "unknown major version" in err
+
+
+def test_too_few_blocks_is_inconclusive_and_cannot_convict_a_guard():
+    """Two paired blocks say nothing about the noise: no tier is awarded and no guard is failed."""
+    scored_m = Metric(phase="decode", depth=512, n_tokens=32, role="scored")
+    guard_m = Metric(phase="prefill", depth=0, n_tokens=512, role="guard")
+    fast = evidence(scored_m, [120.0, 121.0], POLICY, 0, main_blocks=[100.0, 100.0])  # +20% but 2 blocks
+    slow = evidence(guard_m, [80.0, 81.0], POLICY, 0, main_blocks=[100.0, 100.0])  # -20% but 2 blocks
+    v = decide(True, [], fast, [slow], POLICY)
+    assert v.label == "inconclusive" and any("min_blocks" in r for r in v.reasons)
+    four = evidence(guard_m, [80.0, 81.0, 80.5, 79.5], POLICY, 0, main_blocks=[100.0] * 4)
+    fast4 = evidence(scored_m, [120.0, 121.0, 120.5, 119.5], POLICY, 0, main_blocks=[100.0] * 4)
+    assert decide(True, [], fast4, [four], POLICY).label == "REJECT"  # with enough blocks the guard convicts
