@@ -94,6 +94,20 @@ class PrefillState:
     tokens: torch.Tensor  # [n_tokens] long: ingested by the timed part
 
 
+def checked_config(target: EngineTarget) -> Any:
+    """The model's K3Config through the project's config checks (never defaulted), every shard present."""
+    from scoreboard.models.k3 import load_k3_config
+
+    try:
+        cfg = load_k3_config(Path(target.model_path))
+    except ScoreboardError as exc:
+        raise EngineError(str(exc), exc.hint) from exc
+    if target.shard_paths and tuple(Path(p) for p in target.shard_paths) != tuple(cfg.shards):
+        raise EngineError(f"target shards {[str(p) for p in target.shard_paths]} differ from the model's "
+                          f"own shard set {[str(p) for p in cfg.shards]}", "pin every shard of the model")
+    return cfg
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10, check=False)
@@ -156,19 +170,11 @@ class SparkInferEngine(Engine):
 
     # -- load ----------------------------------------------------------------------------------
     def prepare(self, target: EngineTarget, cache_dir: Path, progress: Progress | None = None) -> Prepared:
-        from scoreboard.models.k3 import load_k3_config
-
         identity = self.describe(target)
         if target.device == "cuda" and not torch.cuda.is_available():
             raise EngineError("target device is cuda but torch sees no CUDA device",
                               "run on the GPU box, or use a cpu target (e.g. k3-mini-cpu)")
-        try:
-            cfg = load_k3_config(Path(target.model_path))
-        except ScoreboardError as exc:
-            raise EngineError(str(exc), exc.hint) from exc
-        if target.shard_paths and tuple(Path(p) for p in target.shard_paths) != tuple(cfg.shards):
-            raise EngineError(f"target shards {[str(p) for p in target.shard_paths]} differ from the model's "
-                              f"own shard set {[str(p) for p in cfg.shards]}", "pin every shard of the model")
+        cfg = checked_config(target)
         faults = parse_faults(target.options.get("faults"))
         dtype = _dtype_name(target)
         torch.set_num_threads(_threads(target.geometry))

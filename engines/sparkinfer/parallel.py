@@ -39,12 +39,19 @@ import torch
 import torch.distributed as dist
 
 from scoreboard.engine import EngineTarget, LogitsRequest, Prepared, Rep, Workload
-from scoreboard.errors import EngineError, InputError, ScoreboardError
+from scoreboard.errors import EngineError, InputError
 
-from .engine import DTYPES, Loaded, SparkInferEngine, _dtype_name, greedy_decode
+from .engine import (
+    DTYPES,
+    Loaded,
+    SparkInferEngine,
+    _dtype_name,
+    checked_config,
+    greedy_decode,
+)
 from .faults import Faults, apply_config_faults, parse_faults
 from .model import K3Model, K3Weights, Mat, linear, round_act, situ
-from .weights import _BLK, _layout_layer, _place, _short
+from .weights import _BLK, _place, _short, assemble
 
 Tensor = torch.Tensor
 
@@ -298,18 +305,7 @@ def load_rank_weights(cfg: Any, plan: ShardPlan, rank: int, device: str,
         if claim is not None:  # record what is really resident, from the placed tensor's own shape
             held.append(dataclasses.replace(claim, hi=claim.lo + int(placed.w.shape[0])))
         (layers[int(m.group(1))] if m else glob)[key] = placed
-    if expected is not None and set(types) != expected:
-        missing, extra = sorted(expected - set(types)), sorted(set(types) - expected)
-        raise EngineError(f"shards disagree with their metadata: missing {missing[:5]}, extra {extra[:5]}",
-                          "re-fetch the shards; the set of files is inconsistent")
-    for k in ("token_embd", "output_norm", "output"):
-        if k not in glob:
-            raise EngineError(f"tensor {k}.weight is missing", "the GGUF is incomplete; regenerate it")
-    for il, lw in enumerate(layers):
-        _layout_layer(cfg, il, lw)
-    w = K3Weights(tok_embd=glob["token_embd"].w, output_norm=glob["output_norm"], output=glob["output"],
-                  output_res_score=glob.get("output_res_score"), layers=layers)
-    return w, types, held
+    return assemble(cfg, glob, layers, types, expected), types, held
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,18 +379,11 @@ def prepare_rank(target: EngineTarget, group: Any = None) -> Prepared:
     ranks at once (none is left waiting in a collective). The handle is the single-process engine's
     Loaded, so SparkInferEngine's logits/begin/step run unchanged on it (eager decode: no CUDA graph).
     """
-    from scoreboard.models.k3 import load_k3_config
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     engine = SparkInferEngine()
     ident = engine.describe(target)
-    try:
-        cfg = load_k3_config(Path(target.model_path))
-    except ScoreboardError as exc:
-        raise EngineError(str(exc), exc.hint) from exc
-    if target.shard_paths and tuple(Path(p) for p in target.shard_paths) != tuple(cfg.shards):
-        raise EngineError(f"target shards {[str(p) for p in target.shard_paths]} differ from the model's "
-                          f"own shard set {[str(p) for p in cfg.shards]}", "pin every shard of the model")
+    cfg = checked_config(target)
     faults = parse_faults(target.options.get("faults"))
     dtype = _dtype_name(target)
     torch.set_num_threads(target.geometry.n_threads or 1)

@@ -86,6 +86,12 @@ def load_weights(cfg: Any, shards: tuple[Path, ...], device: str, dtype: torch.d
         (layers[int(m.group(1))] if m else glob)[key] = _place(key, arr, ttype, device, dtype)
         if progress and total:
             progress(f"loading {name}", (i + 1) / total)
+    return assemble(cfg, glob, layers, types, expected), types
+
+
+def assemble(cfg: Any, glob: dict[str, Any], layers: list[dict[str, Any]], types: dict[str, str],
+             expected: set[str] | None) -> K3Weights:
+    """Check the tensor set against the metadata and lay the placed tensors out as K3Weights."""
     if expected is not None and set(types) != expected:
         missing, extra = sorted(expected - set(types)), sorted(set(types) - expected)
         raise EngineError(f"shards disagree with their metadata: missing {missing[:5]}, extra {extra[:5]}",
@@ -95,9 +101,8 @@ def load_weights(cfg: Any, shards: tuple[Path, ...], device: str, dtype: torch.d
             raise EngineError(f"tensor {k}.weight is missing", "the GGUF is incomplete; regenerate it")
     for il, lw in enumerate(layers):
         _layout_layer(cfg, il, lw)
-    w = K3Weights(tok_embd=glob["token_embd"].w, output_norm=glob["output_norm"], output=glob["output"],
-                  output_res_score=glob.get("output_res_score"), layers=layers)
-    return w, types
+    return K3Weights(tok_embd=glob["token_embd"].w, output_norm=glob["output_norm"], output=glob["output"],
+                     output_res_score=glob.get("output_res_score"), layers=layers)
 
 
 def _place(key: str, arr: np.ndarray, ttype: str, device: str, dtype: torch.dtype) -> Any:
