@@ -77,8 +77,9 @@ def run_cmd(
         elif seal and outcome.receipt["status"] == "verdict":
             console.print("[yellow]not sealed[/]: the target's weights are not fully pinned "
                           f"(next: `scoreboard pin weights {target} --revision <sha>`)")
-        if outcome.frontier_change:
-            console.print(f"[green]frontier[/] {outcome.frontier_change}")
+        for ch in outcome.frontier_change or []:
+            console.print(f"[green]{ch.kind}[/] {ch.slot}: {ch.before:g} -> {ch.after:g} tok/s "
+                          f"({ch.reps} reps, {ch.commit[:12]})", highlight=False)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -143,7 +144,7 @@ def _speed_table(r: dict[str, Any]) -> None:
 
     target = Target.model_validate(r["lock_target"])
     t = Table(title=f"speed ({r['speed'].get('blocks', '?')} interleaved blocks, tok/s from raw ns)")
-    for col in ("metric", "role", "arm", "median", "MAD", "CV", "blocks", "cand/ref ratio [95% CI]"):
+    for col in ("metric", "role", "arm", "median", "MAD", "CV", "reps", "cand/ref ratio [95% CI]"):
         t.add_column(col, justify="right")
     for ms in summarize_speed(r, target):
         first = True
