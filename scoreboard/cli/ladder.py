@@ -15,7 +15,7 @@ from .console import console, print_json
 def command(
     target: str = typer.Option(None, "--target", "-t", help="only this target"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
-    plot: Path = typer.Option(Path("rounds/ladder.svg"), "--plot", help="SVG file to write the plot to"),
+    plot: Path = typer.Option(Path("ladder.svg"), "--plot", help="SVG file to write the plot to"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Frontier history from the ledger: table, compounding (product, geometric mean per step), SVG plot."""
