@@ -79,11 +79,21 @@ def target_table() -> dict[str, Any]:
     return Target.model_validate(doc["targets"][TARGET]).model_dump(mode="json")
 
 
+def zero_slots(doc: Any) -> Any:
+    """A fresh history: every slot back to 0 with no provenance (the repo's own sealed rounds are not
+    in a test's rounds/ directory, so its measured slots would not be backed there)."""
+    for name in list(doc.get("slots", {})):
+        doc["slots"][name]["value"] = 0.0
+        for k in ("round", "commit", "measured_at", "reps"):
+            doc["slots"][name].pop(k, None)
+    return doc
+
+
 def lock_with_test_target(dest_dir: Path) -> Path:
-    """Copy the repo's reference.lock into dest_dir and add the test target's tables (comments kept)."""
+    """Copy the repo's reference.lock into dest_dir (slots zeroed) and add the test target's tables."""
     path = Path(dest_dir) / "reference.lock"
     shutil.copyfile(REPO / "reference.lock", path)
-    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    doc = zero_slots(tomlkit.parse(path.read_text(encoding="utf-8")))
     extra = tomlkit.parse(TEST_TOML)
     for section in ("references", "weights", "nodes", "targets"):
         for name, table in extra[section].items():

@@ -8,6 +8,7 @@ fresh worker processes) against a copy of reference.lock whose k3-mini-cpu speed
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
+from receipt_factory import zero_slots
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.verify import verify as verify_all
@@ -33,10 +35,7 @@ def lock(tmp_path: Path) -> Path:
     t["speed"]["blocks"] = 2
     t["speed"]["reps"] = 1
     t["speed"]["warmup_reps"] = 1
-    for name in list(doc["slots"]):  # a fresh history: this test's own frontier
-        doc["slots"][name]["value"] = 0.0
-        for k in ("round", "commit", "measured_at", "reps"):
-            doc["slots"][name].pop(k, None)
+    zero_slots(doc)  # a fresh history: this test's own frontier
     p = tmp_path / "reference.lock"
     p.write_text(tomlkit.dumps(doc))
     load_lock(p)
@@ -151,3 +150,29 @@ def test_engine_crash_aborts_with_a_complete_receipt(lock, tmp_path):
     assert json.loads(out.path.read_text())["seal"]["sha256"]
     assert lock.read_bytes() == before
     assert not [p for p in (tmp_path / "rounds").iterdir() if p.suffix == ".tmp"]
+
+
+def test_interrupt_leaves_no_receipt_and_an_untouched_lock(lock, tmp_path):
+    """Ctrl-C during the speed stage: nothing sealed, no partial files, the lock byte-identical."""
+    import signal
+    import time
+
+    before = lock.read_bytes()
+    rounds = tmp_path / "rounds"
+    proc = subprocess.Popen([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--lock", str(lock),
+                             "--rounds", str(rounds), "--blocks", "6"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    seen = ""
+    while time.time() < deadline and "== speed" not in seen:  # interrupt once timing has started
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert "== speed" in seen
+    assert proc.returncode == 130, err[-2000:]
+    assert "nothing was sealed" in err
+    assert not rounds.exists() or not list(rounds.iterdir())
+    assert lock.read_bytes() == before

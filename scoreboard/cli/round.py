@@ -32,6 +32,9 @@ class RichReporter:
                                  console=err_console, transient=False)
         self.tasks: dict[str, Any] = {}
 
+    def close(self) -> None:
+        self.progress.stop()
+
     def __call__(self, event: str, **kw: Any) -> None:
         if event == "stage":
             err_console.print(f"[bold cyan]== {kw['name']}[/]")
@@ -67,7 +70,16 @@ def run_cmd(
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir())
-    outcome = run_round(opts, RichReporter())
+    reporter = RichReporter()
+    try:
+        outcome = run_round(opts, reporter)
+    except KeyboardInterrupt:
+        reporter.close()
+        err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched "
+                          f"(next: `scoreboard round run --target {target}` again)")
+        raise typer.Exit(130) from None
+    finally:
+        reporter.close()  # a live progress bar must not swallow the interrupt/error message
     if json_out:
         print_json(outcome.receipt)
     else:
