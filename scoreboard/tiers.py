@@ -186,7 +186,8 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
 
 
 def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, guards: Sequence[Evidence],
-           policy: TierPolicy, *, claim: bool = False, notes: Sequence[str] = ()) -> Verdict:
+           policy: TierPolicy, *, claim: bool = False, notes: Sequence[str] = (),
+           guards_convict: bool = True) -> Verdict:
     """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs."""
     if not gate_ok:
         reasons = tuple(gate_reasons) or ("correctness gate failed",)
@@ -198,6 +199,12 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
         raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
     speed_label, speed_reasons = _speed(scored, policy)
     fails, guard_notes = _guard_failures(guards, policy)
+    if fails and not guards_convict:
+        # main against its own pinned frontier: a regression on main or a slower box. Flag it; never
+        # REJECT main for speed (a raise-only frontier would dead-lock every later round, LESSONS 3)
+        guard_notes = [f"warning: {f}; if real, lower it deliberately: `scoreboard frontier lower --reason ...`"
+                       for f in fails] + guard_notes
+        fails = []
     label = "REJECT" if fails else speed_label
     reasons = tuple(fails + speed_reasons + guard_notes + list(scored.notes) + list(notes))
     return Verdict(label, scored.gain, scored.gain_ci, scored.basis,
@@ -400,7 +407,8 @@ def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = Non
         evs[m.role].append(ev)
     if correctness:
         return decide(False, correctness, None, (), target.tiers)
-    return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes)
+    return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes,
+                  guards_convict=not is_main)
 
 
 def score_claim(value: float, lock: Lock, target: str, metric: str = "scored") -> Verdict:

@@ -426,3 +426,14 @@ def test_too_few_blocks_is_inconclusive_and_cannot_convict_a_guard():
     four = evidence(guard_m, [80.0, 81.0, 80.5, 79.5], POLICY, 0, main_blocks=[100.0] * 4)
     fast4 = evidence(scored_m, [120.0, 121.0, 120.5, 119.5], POLICY, 0, main_blocks=[100.0] * 4)
     assert decide(True, [], fast4, [four], POLICY).label == "REJECT"  # with enough blocks the guard convicts
+
+
+def test_main_is_never_rejected_for_speed_against_its_own_pinned_frontier():
+    """A slower box (or a real regression on main) flags main's guard; it does not REJECT main."""
+    scored_m = Metric(phase="decode", depth=512, n_tokens=32, role="scored")
+    guard_m = Metric(phase="prefill", depth=0, n_tokens=512, role="guard")
+    scored = evidence(scored_m, [100.0, 101.0, 99.0, 100.5], POLICY, 0, frontier_slot=100.0)
+    slow = evidence(guard_m, [77.0, 76.0, 78.0, 77.5], POLICY, 0, frontier_slot=100.0)
+    as_main = decide(True, [], scored, [slow], POLICY, guards_convict=False)
+    assert as_main.label != "REJECT" and any(r.startswith("warning: guard") for r in as_main.reasons)
+    assert decide(True, [], scored, [slow], POLICY).label == "REJECT"  # a PR is convicted
