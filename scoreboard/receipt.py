@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import statistics
 from datetime import datetime, timezone
 from typing import Any, Literal, Mapping
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import environment, registry
+from .. import environment
 from ..engine import EngineTarget, Geometry
-from ..errors import EngineError, InputError, ScoreboardError, TransientError
+from ..errors import ScoreboardError, TransientError
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
@@ -181,11 +181,8 @@ def _finish(rnd: Round) -> RoundOutcome:
     if rnd.opts.seal and not weights_pinned and r["status"] == "verdict":
         r["provenance"]["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
     if rnd.opts.seal and (weights_pinned or r["status"] == "aborted"):
-        rnd.report("stage", name="seal")
-        t0 = time.perf_counter()
-        r["stage_seconds"]["seal"] = 0.0
+        rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
         path = write_receipt(r, rnd.opts.rounds_dir)
-        r["stage_seconds"]["seal"] = round(time.perf_counter() - t0, 3)  # not in the sealed bytes
         if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
             from ..frontier import raise_frontier
 
