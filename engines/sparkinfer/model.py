@@ -349,20 +349,27 @@ class K3Model:
             out = out + linear(sh, lw["ffn_down_shexp"])
         return out
 
+    def _decode_experts(self, lw: dict[str, Any], xin: Tensor, e: Tensor, w: Tensor) -> Tensor:
+        """One token through experts `e` [m] (indices into the stacked weights) weighted by w [m].
+        xin [1, lat] -> [1, lat]."""
+        c = self.cfg
+        gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]
+        m = int(e.shape[0])
+        xg = round_act(xin, gate.act).to(gate.w.dtype).expand(m, -1)[:, None]  # [m, 1, lat]
+        xu = round_act(xin, up.act).to(up.w.dtype).expand(m, -1)[:, None]
+        g = torch.bmm(xg, gate.w[e].transpose(1, 2)).float()  # [m, 1, ff]
+        u = torch.bmm(xu, up.w[e].transpose(1, 2)).float()
+        a = round_act(situ(g, u, c.situ_beta, c.situ_linear_beta), down.act)
+        y = torch.bmm(a.to(down.w.dtype), down.w[e].transpose(1, 2)).float()[:, 0]  # [m, lat]
+        return (y * w[:, None]).sum(0, keepdim=True)
+
     def _experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor) -> Tensor:
         """Routed experts: sum_k wts[t,k] * down_e(situ(gate_e(x), up_e(x))). xin [T, lat] -> [T, lat]."""
         c = self.cfg
         gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]  # [X, ff, lat] x2, [X, lat, ff]
         t, k = sel.shape
         if t == 1:  # decode: gather the k experts' weights, batched matmuls (static shapes)
-            e = sel[0]
-            xg = round_act(xin, gate.act).to(gate.w.dtype).expand(k, -1)[:, None]  # [k, 1, lat]
-            xu = round_act(xin, up.act).to(up.w.dtype).expand(k, -1)[:, None]
-            g = torch.bmm(xg, gate.w[e].transpose(1, 2)).float()  # [k, 1, ff]
-            u = torch.bmm(xu, up.w[e].transpose(1, 2)).float()
-            a = round_act(situ(g, u, c.situ_beta, c.situ_linear_beta), down.act)
-            y = torch.bmm(a.to(down.w.dtype), down.w[e].transpose(1, 2)).float()[:, 0]  # [k, lat]
-            return (y * wts[0, :, None]).sum(0, keepdim=True)
+            return self._decode_experts(lw, xin, sel[0], wts[0])
         out = torch.zeros(t, xin.shape[1], device=xin.device)
         flat = sel.reshape(-1)  # [T*k]
         order = torch.argsort(flat, stable=True)

@@ -50,8 +50,8 @@ from .engine import (
     greedy_decode,
 )
 from .faults import Faults, apply_config_faults, parse_faults
-from .model import K3Model, K3Weights, Mat, linear, round_act, situ
-from .weights import _BLK, _place, _short, assemble
+from .model import K3Model, K3Weights, Mat, linear, situ
+from .weights import _BLK, _place, _short, assemble, gguf_tensors, to_f32
 
 Tensor = torch.Tensor
 
@@ -260,29 +260,15 @@ def plan_fit(lock: Any, target_id: str, plan: ShardPlan, tensor_shapes: dict[str
 def iter_rank_tensors(shards: Sequence[Path], plan: ShardPlan, rank: int) -> Iterator[tuple[str, np.ndarray, str, Claim | None]]:
     """(name, float32 array in numpy order, ggml type, claim) for every tensor; a routed-expert tensor is
     sliced to this rank's band on the raw GGUF bytes (expert axis = numpy axis 0) before dequantizing."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
     lo, hi = plan.band(rank)
-    for path in shards:
-        try:
-            reader = GGUFReader(path)
-        except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
-            raise EngineError(f"{path}: cannot read GGUF ({exc})", "re-fetch or regenerate this shard") from exc
-        for t in reader.tensors:
-            shape = tuple(int(d) for d in reversed([int(x) for x in t.shape]))
-            data, claim = t.data, None
-            if is_sharded(t.name):
-                if shape[0] != plan.n_expert:
-                    raise EngineError(f"{path}: {t.name} has {shape[0]} experts, the plan {plan.n_expert}",
-                                      "build the plan from this model's config")
-                data, shape, claim = data[lo:hi], (hi - lo,) + shape[1:], Claim(t.name, rank, lo, hi)
-            try:
-                arr = dequantize(data, t.tensor_type)
-            except NotImplementedError as exc:
-                raise EngineError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which gguf-py "
-                                  "cannot dequantize", "requantize the weights to a supported type") from exc
-            yield t.name, np.array(arr, dtype=np.float32, copy=True).reshape(shape), t.tensor_type.name, claim
+    for path, t, shape in gguf_tensors(shards):
+        data, claim = t.data, None
+        if is_sharded(t.name):
+            if shape[0] != plan.n_expert:
+                raise EngineError(f"{path}: {t.name} has {shape[0]} experts, the plan {plan.n_expert}",
+                                  "build the plan from this model's config")
+            data, shape, claim = data[lo:hi], (hi - lo,) + shape[1:], Claim(t.name, rank, lo, hi)
+        yield t.name, to_f32(path, t, data, shape), t.tensor_type.name, claim
 
 
 def load_rank_weights(cfg: Any, plan: ShardPlan, rank: int, device: str,
@@ -337,16 +323,9 @@ class ExpertParallelK3Model(K3Model):
         if t == 1:  # decode: gather the selected experts of this band (data-dependent count, 0..k)
             mine = (sel[0] >= lo) & (sel[0] < hi)  # [k]
             e = sel[0][mine] - lo  # [m] local indices
-            m = int(e.shape[0])
-            if m == 0:
+            if int(e.shape[0]) == 0:
                 return torch.zeros(1, xin.shape[1], device=xin.device)
-            xg = round_act(xin, gate.act).to(gate.w.dtype).expand(m, -1)[:, None]  # [m, 1, lat]
-            xu = round_act(xin, up.act).to(up.w.dtype).expand(m, -1)[:, None]
-            g = torch.bmm(xg, gate.w[e].transpose(1, 2)).float()  # [m, 1, ff]
-            u = torch.bmm(xu, up.w[e].transpose(1, 2)).float()
-            a = round_act(situ(g, u, c.situ_beta, c.situ_linear_beta), down.act)
-            y = torch.bmm(a.to(down.w.dtype), down.w[e].transpose(1, 2)).float()[:, 0]  # [m, lat]
-            return (y * wts[0][mine][:, None]).sum(0, keepdim=True)
+            return self._decode_experts(lw, xin, e, wts[0][mine])
         out = torch.zeros(t, xin.shape[1], device=xin.device)
         flat = sel.reshape(-1)  # [T*k]
         order = torch.argsort(flat, stable=True)

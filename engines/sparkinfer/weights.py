@@ -48,10 +48,9 @@ def _short(rest: str) -> str:
     return rest
 
 
-def iter_tensors(shards: tuple[Path, ...]) -> Iterator[tuple[str, np.ndarray, str]]:
-    """(name, float32 array in numpy order, ggml type name) for every tensor of every shard."""
+def gguf_tensors(shards) -> Iterator[tuple[Path, Any, tuple[int, ...]]]:
+    """(shard path, gguf tensor, shape in numpy order) for every tensor of every shard."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     for path in shards:
         try:
@@ -59,13 +58,25 @@ def iter_tensors(shards: tuple[Path, ...]) -> Iterator[tuple[str, np.ndarray, st
         except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
             raise EngineError(f"{path}: cannot read GGUF ({exc})", "re-fetch or regenerate this shard") from exc
         for t in reader.tensors:
-            shape = tuple(int(d) for d in reversed([int(x) for x in t.shape]))
-            try:
-                arr = dequantize(t.data, t.tensor_type)
-            except NotImplementedError as exc:
-                raise EngineError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which gguf-py "
-                                  "cannot dequantize", "requantize the weights to a supported type") from exc
-            yield t.name, np.array(arr, dtype=np.float32, copy=True).reshape(shape), t.tensor_type.name
+            yield path, t, tuple(int(d) for d in reversed([int(x) for x in t.shape]))
+
+
+def to_f32(path: Path, t: Any, data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Dequantize raw GGUF bytes (all of a tensor, or a slice along its outermost axis) to float32."""
+    from gguf.quants import dequantize
+
+    try:
+        arr = dequantize(data, t.tensor_type)
+    except NotImplementedError as exc:
+        raise EngineError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which gguf-py "
+                          "cannot dequantize", "requantize the weights to a supported type") from exc
+    return np.array(arr, dtype=np.float32, copy=True).reshape(shape)
+
+
+def iter_tensors(shards: tuple[Path, ...]) -> Iterator[tuple[str, np.ndarray, str]]:
+    """(name, float32 array in numpy order, ggml type name) for every tensor of every shard."""
+    for path, t, shape in gguf_tensors(shards):
+        yield t.name, to_f32(path, t, t.data, shape), t.tensor_type.name
 
 
 def load_weights(cfg: Any, shards: tuple[Path, ...], device: str, dtype: torch.dtype,
