@@ -137,9 +137,9 @@ def test_bad_target_is_an_error_with_no_receipt(lock, tmp_path):
     assert not (tmp_path / "rounds").exists()
 
 
-def test_engine_crash_aborts_with_a_complete_receipt(lock, tmp_path):
-    """A candidate that cannot even load: an aborted receipt (stage + reason), never a half-written one,
-    and an untouched lock."""
+def test_engine_that_cannot_load_aborts_with_a_complete_receipt(lock, tmp_path):
+    """A candidate that fails in prepare() inside its worker: an aborted receipt (stage + reason), never a
+    half-written one, and an untouched lock."""
     before = lock.read_bytes()
     out = run_round(_opts(lock, tmp_path, candidate_options={"faults": ["no_such_fault"]}))
     r = out.receipt
@@ -176,3 +176,39 @@ def test_interrupt_leaves_no_receipt_and_an_untouched_lock(lock, tmp_path):
     assert "nothing was sealed" in err
     assert not rounds.exists() or not list(rounds.iterdir())
     assert lock.read_bytes() == before
+
+
+def test_transient_failure_is_retried_and_recorded(lock, tmp_path, monkeypatch):
+    """Out of memory at load is retried (bounded) and recorded in the receipt; the round goes on."""
+    import scoreboard.round.run as run_mod
+    from scoreboard.errors import TransientError
+
+    real, calls = run_mod.preflight, []
+
+    def flaky(rnd):
+        calls.append(1)
+        if len(calls) == 1:
+            raise TransientError("CUDA out of memory at load (simulated)")
+        return real(rnd)
+
+    monkeypatch.setattr(run_mod, "preflight", flaky)
+    r = run_round(_opts(lock, tmp_path, seal=False, gate_only=True)).receipt
+    assert len(calls) == 2 and r["gate"]["pass"]
+    assert [x["stage"] for x in r["retries"]] == ["preflight"] and "out of memory" in r["retries"][0]["error"]
+
+
+def test_bad_options_and_files_are_errors_with_nothing_written(lock, tmp_path):
+    from scoreboard.errors import InputError
+
+    with pytest.raises(InputError, match="--blocks 1: must be at least 2"):
+        run_round(_opts(lock, tmp_path, blocks=1))
+    assert not (tmp_path / "rounds").exists()
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"format_version": "1.0", "round_id": ')
+    out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(bad)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "not a readable JSON receipt" in out.stderr
+    bad.write_text('{"format_version": "9.0"}')
+    out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(bad)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "unknown major format_version" in out.stderr

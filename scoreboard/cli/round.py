@@ -109,7 +109,13 @@ def show_cmd(
             raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else
                              f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
         path = matches[0]
-    receipt = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a readable JSON receipt ({exc})", "run `scoreboard verify` to check history")
+    from ..receipt import parse_receipt
+
+    receipt = parse_receipt(data, str(path)).model_dump(mode="json", by_alias=True)
     if json_out:
         print_json(receipt)
         return

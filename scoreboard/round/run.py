@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .. import environment
 from ..engine import EngineTarget, Geometry
-from ..errors import ScoreboardError, TransientError
+from ..errors import InputError, ScoreboardError, TransientError
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
@@ -117,6 +117,10 @@ class Round:
 
 def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     """Run a round end to end. Lock errors raise (nothing to record); later failures become receipts."""
+    for name, value, least in (("--blocks", opts.blocks, 2), ("--reps", opts.reps, 1)):
+        if value is not None and value < least:
+            raise InputError(f"{name} {value}: must be at least {least}",
+                             "paired confidence intervals need >= 2 blocks and >= 1 timed rep per block")
     lock = load_lock(opts.lock_path)
     rnd = Round(opts, lock, report)
     r = rnd.receipt
