@@ -87,17 +87,23 @@ def _git_failure(exc: git.GitCommandError, what: str, url: str, ref_id: str) -> 
                           "check the network and retry; a network failure is never reported as drift")
 
 
+LS_REMOTE_TIMEOUT_S = 120.0
+
+
 def ls_remote(url: str, ref: str, ref_id: str = "<id>") -> str | None:
-    """The SHA `ref` points at on `url`, or None when the ref does not exist there."""
+    """The SHA `ref` points at on `url`, or None when the ref does not exist there (the same resolution
+    the pin audit uses: scoreboard.pins.git.ls_remote)."""
+    from scoreboard.pins.git import GitUnavailable
+    from scoreboard.pins.git import ls_remote as resolve
+
     try:
-        out = git.cmd.Git().ls_remote(url, ref)
-    except git.GitCommandError as exc:
-        raise _git_failure(exc, f"git ls-remote {ref}", url, ref_id) from None
-    for line in out.splitlines():
-        sha, _, name = line.partition("\t")
-        if name.strip() == ref:
-            return sha.strip()
-    return None
+        return resolve(url, ref, LS_REMOTE_TIMEOUT_S)
+    except GitUnavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, git.GitCommandError):  # a deleted repository is a pin problem, not the network
+            raise _git_failure(cause, f"git ls-remote {ref}", url, ref_id) from None
+        raise TransientError(f"references.{ref_id}: could not reach {url}: {exc}",
+                             "check the network and retry; a network failure is never reported as drift") from None
 
 
 def _has_commit(repo: git.Repo, sha: str) -> bool:
