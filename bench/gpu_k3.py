@@ -26,22 +26,7 @@ from scoreboard.lockfile import GitReference, load_lock
 from scoreboard.timing import time_reps
 from scoreboard.weights.generate import generate
 
-RESULTS: dict = {}
-
-
-def section(name):
-    def wrap(fn):
-        def run(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                RESULTS[name] = fn(*a, **k)
-            except Exception as exc:  # record and go on: one failure must not lose the rest
-                RESULTS[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-            RESULTS.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
-            print(f"== {name}: {json.dumps(RESULTS[name], default=str)[:1500]}", flush=True)
-            return RESULTS[name]
-        return run
-    return wrap
+from sections import RESULTS, section  # bench/ is the script's own folder
 
 
 def tps(reps) -> list[float]:

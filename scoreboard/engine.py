@@ -19,6 +19,12 @@ is the engine id used in ``reference.lock`` and in receipts. It provides:
     reps)`` runs the pinned tool (llama-bench) and returns raw per-rep nanoseconds; the harness
     bounds them by its own wall clock.
 
+Multi-process engines (``max_ranks > 1``): for a target with ``ranks = W > 1`` the harness launches W
+processes (torchrun) and initializes the default torch.distributed group before ``prepare`` (NCCL on
+cuda with one GPU per rank, gloo on cpu; :mod:`scoreboard.distributed`). Every rank runs the same calls;
+the engine uses the default group for its own collectives. The harness reads rank 0's clock around
+barriers and requires every rank to return the same logits and tokens.
+
 The harness, not the engine, owns warm-up, rep counts, interleaving, timeouts, statistics and
 sealing. Engine errors are :class:`scoreboard.errors.EngineError` (with a hint); transient ones
 (out of memory at load, device lost) are :class:`scoreboard.errors.TransientError`.
@@ -61,6 +67,7 @@ class EngineTarget:
     geometry: Geometry
     reference: Any = None  # lockfile.Reference for reference engines (source pin), else None
     options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (e.g. faults)
+    ranks: int = 1  # processes the harness launched for this engine (lock: parallel.ranks)
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,7 @@ class Engine(abc.ABC):
 
     name: ClassVar[str] = ""
     clock: ClassVar[Literal["harness", "reference-tool"]] = "harness"
+    max_ranks: ClassVar[int] = 1  # > 1: runs as several processes in one torch.distributed group
 
     @abc.abstractmethod
     def describe(self, target: EngineTarget) -> EngineIdentity: ...

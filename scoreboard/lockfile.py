@@ -196,6 +196,24 @@ class FitPolicy(_Model):
     replicated_gib: float = Field(default=0, ge=0)  # weights on every rank
 
 
+class ParallelPolicy(_Model):
+    """How many processes the candidate runs as, and how the reference spreads over the same devices.
+
+    ranks: candidate processes in one torch.distributed process group, launched by the harness with
+    torchrun (NCCL on cuda, one GPU per rank; gloo on cpu). reference_split_mode: llama.cpp's own
+    ``-sm`` over the same visible GPUs (none = one GPU, layer = whole layers per GPU, row = matrices
+    split by rows); on a cpu target it is recorded and has no effect.
+    """
+
+    ranks: int = Field(default=1, ge=1, le=64)
+    reference_split_mode: Literal["none", "layer", "row"] = "layer"
+
+    @staticmethod
+    def backend_for(device: str) -> str:
+        """torch.distributed backend: NCCL between GPUs, gloo between CPU processes."""
+        return "nccl" if device == "cuda" else "gloo"
+
+
 class Target(_Model):
     description: str = ""
     model: str  # model axis for slot names, e.g. "kimi-k3"
@@ -212,6 +230,7 @@ class Target(_Model):
     tiers: TierPolicy
     speed: SpeedPolicy
     fit: FitPolicy | None = None
+    parallel: ParallelPolicy = Field(default_factory=ParallelPolicy)
 
     @field_validator("geometry")
     @classmethod
@@ -339,7 +358,29 @@ def _name_problems(data: dict[str, Any]) -> list[str]:
                 problems.append(f"{base}.{key}: unknown {what} {value!r}")
         if t.get("reference_engine") is not None and t.get("reference_engine") == t.get("candidate_engine"):
             problems.append(f"{base}.candidate_engine: must differ from reference_engine")
+        problems += _parallel_problems(base, t, data)
     return problems
+
+
+def _parallel_problems(base: str, t: dict[str, Any], data: dict[str, Any]) -> list[str]:
+    """A cuda target's ranks must have a GPU each on its node class (one rank per GPU, never two on one)."""
+    par, nodes = t.get("parallel"), data.get("nodes")
+    if not isinstance(par, dict) or not isinstance(nodes, dict) or not isinstance(nodes.get(t.get("node")), dict):
+        return []
+    ranks, node = par.get("ranks", 1), nodes[t["node"]]
+    gpus = node.get("gpu_count")
+    if t.get("device") == "cuda" and isinstance(ranks, int) and isinstance(gpus, int) and ranks > gpus:
+        return [f"{base}.parallel.ranks: {ranks} ranks need {ranks} GPUs, node class {t['node']!r} has {gpus} "
+                f"(set ranks <= {gpus}, or use a node class with more GPUs)"]
+    cores = node.get("min_cpu_cores", 1)
+    geometry = t.get("geometry") if isinstance(t.get("geometry"), dict) else {}
+    threads = geometry.get("n_threads") or 1
+    if (t.get("device") == "cpu" and isinstance(ranks, int) and ranks > 1 and isinstance(cores, int)
+            and isinstance(threads, int) and ranks * threads > cores):
+        return [f"{base}.parallel.ranks: {ranks} cpu ranks x {threads} thread(s) (geometry.n_threads, per rank) on "
+                f"node class {t['node']!r}, which guarantees only {cores} cores (keep ranks x n_threads <= {cores}: "
+                "oversubscribed ranks time the scheduler, not the engine)"]
+    return []
 
 
 def _slot_problems(lock: Lock) -> list[str]:

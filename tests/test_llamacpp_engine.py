@@ -42,7 +42,7 @@ def test_entry_point_and_describe(prepared):
     assert ident.source == {**target.reference.identity(), "upstream": target.reference.upstream}
     assert "-DGGML_NATIVE=ON" in ident.build_flags and ident.compiler and ident.device == "cpu"
     assert ident.binaries == p.handle.build.manifest["binaries"]  # the cached build is described
-    assert ident.extra["run_flags"] == ["-t", "2", "-fa", "1", "-ngl", "0"]
+    assert ident.extra["run_flags"] == ["-t", "2", "-fa", "1", "-ngl", "0", "-sm", "layer"]
 
 
 def test_logits_shape_dtype_finite_and_repeatable(prepared):
@@ -94,6 +94,25 @@ def test_timed_decode_at_depth_and_prefill_report_raw_samples(prepared):
     assert len(reps) == 2 and all(r.n_tokens == 128 for r in reps)
     cmd = reps[0].command
     assert cmd[cmd.index("-p") + 1] == "128" and cmd[cmd.index("-n") + 1] == "0" and cmd[cmd.index("-d") + 1] == "32"
+    assert cmd[cmd.index("-sm") + 1] == "layer" and p.handle.last_record["split_mode"] == "layer"
+
+
+def test_split_mode_reaches_both_tools_and_is_checked(prepared):
+    """llama.cpp's -sm goes to llama-bench and the dumper and comes back in both outputs (on a CPU build it
+    places nothing, but the flag is pinned and echoed like the rest); an unknown mode is refused early."""
+    import dataclasses
+
+    from llamacpp_fixtures import test_cache_dir
+
+    engine, target, _p = prepared
+    t = dataclasses.replace(target, options={**target.options, "split_mode": "none"})
+    p = engine.prepare(t, test_cache_dir())
+    res = engine.logits(p, LogitsRequest(token_ids=(1, 2, 3), positions=(2,), geometry=t.geometry))
+    assert res.command[-2:] == ["--split-mode", "none"]
+    reps = engine.timed(p, Workload(phase="decode", depth=0, n_tokens=2, prompt_ids=()), 1)
+    assert reps[0].command[reps[0].command.index("-sm") + 1] == "none" and p.handle.last_record["split_mode"] == "none"
+    with pytest.raises(InputError, match="options.split_mode must be none, layer or row"):
+        engine.describe(dataclasses.replace(target, options={**target.options, "split_mode": "rows"}))
 
 
 def test_bench_output_that_does_not_match_the_request_is_refused():
@@ -101,12 +120,15 @@ def test_bench_output_that_does_not_match_the_request_is_refused():
     g = Geometry(n_ctx=2048, n_batch=512, n_ubatch=128, n_threads=2)
     s = bench.RunSettings(threads=2, flash_attn=1, n_gpu_layers=0)
     rec = {"n_prompt": 0, "n_gen": 8, "n_depth": 64, "n_batch": 512, "n_ubatch": 128, "n_threads": 2,
-           "flash_attn": 1, "n_gpu_layers": 0, "build_commit": "abc", "samples_ns": [5, 6], "avg_ts": 1e9}
+           "flash_attn": 1, "n_gpu_layers": 0, "split_mode": "layer", "build_commit": "abc", "samples_ns": [5, 6],
+           "avg_ts": 1e9}
     import json
 
     assert bench.parse_bench_json(json.dumps([rec]), w, g, s, 2, "abc")["samples_ns"] == [5, 6]
     with pytest.raises(EngineError, match="n_depth=0 \\(asked 64\\)"):
         bench.parse_bench_json(json.dumps([{**rec, "n_depth": 0}]), w, g, s, 2, "abc")
+    with pytest.raises(EngineError, match="split_mode='row' \\(asked 'layer'\\)"):
+        bench.parse_bench_json(json.dumps([{**rec, "split_mode": "row"}]), w, g, s, 2, "abc")
     with pytest.raises(EngineError, match="build_commit='abc' \\(asked 'other'\\)"):
         bench.parse_bench_json(json.dumps([rec]), w, g, s, 2, "other")
     with pytest.raises(EngineError, match="samples_ns must hold 3"):

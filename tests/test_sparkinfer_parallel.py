@@ -443,3 +443,26 @@ def test_parallel_engine_passes_the_gate_against_llamacpp(runs, lock, shards, re
         assert got.kl_mean < pol.kl_max / 1000 and got.kl_p99 < pol.kl_p99_max / 1000
         base = grade_depth(d, per[d], reference_logits[idx], single[idx], pol)
         assert math.isclose(got.kl_mean, base.kl_mean, rel_tol=1e-3, abs_tol=1e-12)  # parallel adds nothing
+
+
+def test_k3_slice_plan_prices_the_real_widths_per_rank():
+    """The k3-slice preset (K3's real per-layer widths, 2 MoE layers of 896 experts) over 1/2/4/8 ranks:
+    the plan tiles every expert, and each rank holds 896/W experts. With IQ1_S experts (256 weights in
+    50 B), one expert's gate/up/down tensor is 3584 x 3072 / 256 x 50 = 2,150,400 B. These per-rank
+    figures are the fit check's prediction for the 8x H200 run."""
+    from scoreboard.weights.presets import get_spec
+
+    spec = get_spec("k3-slice")
+    spec.validate()
+    shapes = {n: v[0] for n, v in expected_tensors(spec.config()).items()}
+    types = {n: "IQ1_S" if is_sharded(n) else ("Q8_0" if len(s) >= 2 and s[0] % 32 == 0 else "F32")
+             for n, s in shapes.items()}
+    per_expert = 3584 * 3072 // 256 * 50
+    assert sum(is_sharded(n) for n in shapes) == 6  # gate, up, down in each of the 2 MoE layers
+    for world in (1, 2, 4, 8):
+        plan = plan_experts(896, world)
+        check_ownership(plan, shapes, types)
+        per = plan.rank_bytes(shapes, types)
+        assert all(p["sharded"] == 896 // world * 6 * per_expert for p in per)
+        assert len({p["replicated"] for p in per}) == 1
+    assert per[0]["sharded"] == 1_445_068_800  # 1.35 GiB of experts per rank at 8 ranks

@@ -10,6 +10,7 @@ not part of `samples_ns`; the harness's warm-up reps are separate calls.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -31,9 +32,18 @@ class RunSettings:
     threads: int
     flash_attn: int  # 1 on, 0 off, -1 auto
     n_gpu_layers: int  # 99 on CUDA (all layers), 0 on CPU
+    split_mode: str = "layer"  # llama.cpp's split over the visible GPUs (-sm): none | layer | row
+    visible_devices: str = ""  # CUDA_VISIBLE_DEVICES for the tool runs ("" = inherit): the candidate's GPUs
+
+    def env(self) -> dict[str, str] | None:
+        """The tools' environment: this process's, with CUDA_VISIBLE_DEVICES pinned when set."""
+        if not self.visible_devices:
+            return None
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": self.visible_devices}
 
     def bench_flags(self) -> list[str]:
-        return ["-t", str(self.threads), "-fa", str(self.flash_attn), "-ngl", str(self.n_gpu_layers)]
+        return ["-t", str(self.threads), "-fa", str(self.flash_attn), "-ngl", str(self.n_gpu_layers),
+                "-sm", self.split_mode]
 
 
 @dataclass
@@ -68,7 +78,7 @@ def parse_bench_json(stdout: str, workload: Workload, geometry: Geometry, settin
     n_prompt, n_gen = (0, workload.n_tokens) if workload.phase == "decode" else (workload.n_tokens, 0)
     want = {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": workload.depth, "n_batch": geometry.n_batch,
             "n_ubatch": geometry.n_ubatch, "n_threads": settings.threads, "flash_attn": settings.flash_attn,
-            "n_gpu_layers": settings.n_gpu_layers, "build_commit": build_commit}
+            "n_gpu_layers": settings.n_gpu_layers, "split_mode": settings.split_mode, "build_commit": build_commit}
     bad = [f"{k}={rec.get(k)!r} (asked {v!r})" for k, v in want.items() if rec.get(k) != v]
     if bad:
         raise EngineError(f"{where}: the run does not match the request: {', '.join(bad)}",
@@ -97,7 +107,7 @@ def run_bench(llama_bench: Path, model: Path, workload: Workload, geometry: Geom
     cmd = bench_command(llama_bench, model, workload, geometry, settings, reps)
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s, env=settings.env(),
                               check=False)
     except subprocess.TimeoutExpired as exc:
         log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")

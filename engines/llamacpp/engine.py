@@ -3,7 +3,9 @@
 Options read from ``EngineTarget.options`` (all optional):
   ``reference_id`` (str, for error paths), ``cache_dir`` (describe only; prepare gets its own),
   ``flash_attn`` (1 | 0 | -1, default 1), ``n_gpu_layers`` (default 99 on cuda, 0 on cpu),
-  ``timeout_s`` (per tool run), ``pip_args`` (list, for the sdist download; else $SCOREBOARD_PIP_ARGS).
+  ``split_mode`` ("none" | "layer" | "row", default "layer": llama.cpp's ``-sm`` over the visible GPUs, the
+  lock's ``parallel.reference_split_mode``), ``visible_devices`` (CUDA_VISIBLE_DEVICES for the tool runs, set by
+  the round to the candidate's GPUs), ``timeout_s`` (per tool run), ``pip_args`` (list, for the sdist download; else $SCOREBOARD_PIP_ARGS).
 """
 
 from __future__ import annotations
@@ -65,9 +67,14 @@ def run_settings(target: EngineTarget) -> bench.RunSettings:
     threads = target.geometry.n_threads or usable_cpus()
     fa = int(opts.get("flash_attn", 1))
     ngl = int(opts.get("n_gpu_layers", 99 if target.device == "cuda" else 0))
+    sm = str(opts.get("split_mode", "layer"))
     if fa not in (-1, 0, 1):
         raise InputError(f"options.flash_attn must be 1, 0 or -1, not {fa}")
-    return bench.RunSettings(threads=threads, flash_attn=fa, n_gpu_layers=ngl)
+    if sm not in ("none", "layer", "row"):
+        raise InputError(f"options.split_mode must be none, layer or row, not {sm!r}",
+                         "set parallel.reference_split_mode in the target")
+    return bench.RunSettings(threads=threads, flash_attn=fa, n_gpu_layers=ngl, split_mode=sm,
+                             visible_devices=str(opts.get("visible_devices", "")))
 
 
 @dataclass
@@ -124,6 +131,7 @@ class LlamaCppEngine(Engine):
             extra={"build_key": plan.key(), "build_commit": plan.build_commit, "targets": list(plan.targets),
                    "toolchain": tc.as_dict(), "cpu": plan.cpu, "cuda_arch": plan.cuda_arch,
                    "run_flags": settings.bench_flags(), "dumper_flags": list(build.DUMPER_FLAGS),
+                   "visible_devices": settings.visible_devices,
                    "built": manifest is not None})
 
     # ------------------------------------------------------------------------------------------

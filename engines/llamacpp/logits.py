@@ -89,7 +89,8 @@ def dumper_command(dumper: Path, model: Path, geometry: Geometry, settings: RunS
     return [str(dumper), "--model", str(model), "--tokens", str(tokens), "--positions", str(positions),
             "--out", str(out), "--n-ctx", str(geometry.n_ctx), "--n-batch", str(geometry.n_batch),
             "--n-ubatch", str(geometry.n_ubatch), "--threads", str(settings.threads),
-            "--flash-attn", str(settings.flash_attn), "--n-gpu-layers", str(settings.n_gpu_layers)]
+            "--flash-attn", str(settings.flash_attn), "--n-gpu-layers", str(settings.n_gpu_layers),
+            "--split-mode", settings.split_mode]
 
 
 def run_dumper(dumper: Path, model: Path, request: LogitsRequest, settings: RunSettings, log: Path,
@@ -105,6 +106,7 @@ def run_dumper(dumper: Path, model: Path, request: LogitsRequest, settings: RunS
         cmd = dumper_command(dumper, model, request.geometry, settings, t, p, o)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
+                                  env=settings.env(),
                                   check=False)
         except subprocess.TimeoutExpired:
             log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n", encoding="utf-8")
@@ -128,6 +130,9 @@ def run_dumper(dumper: Path, model: Path, request: LogitsRequest, settings: RunS
         echoed = {}
     if echoed and any(echoed.get(k) != header[k] for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads")):
         raise EngineError(f"logits dumper: stdout {echoed} disagrees with its file header; log: {log}")
+    if echoed.get("split_mode") != settings.split_mode:
+        raise EngineError(f"logits dumper ran with split mode {echoed.get('split_mode')!r}, asked "
+                          f"{settings.split_mode!r}; log: {log}", "the dumper binary is not the pinned one; prepare again")
     index = {pos: i for i, pos in enumerate(wanted)}
     rows = logits[[index[pos] for pos in request.positions]]
     return DumpedLogits(logits=np.ascontiguousarray(rows, dtype=np.float32),

@@ -151,6 +151,7 @@ class SparkInferEngine(Engine):
 
     name = "sparkinfer"
     clock = "harness"
+    max_ranks = 1024  # expert parallel over torch.distributed (parallel.py); at most one rank per expert
 
     # -- identity ------------------------------------------------------------------------------
     def describe(self, target: EngineTarget) -> EngineIdentity:
@@ -174,6 +175,16 @@ class SparkInferEngine(Engine):
         if target.device == "cuda" and not torch.cuda.is_available():
             raise EngineError("target device is cuda but torch sees no CUDA device",
                               "run on the GPU box, or use a cpu target (e.g. k3-mini-cpu)")
+        if target.ranks > 1:  # one rank of the harness-launched world: this rank's expert band
+            import torch.distributed as dist
+
+            from .parallel import prepare_rank
+
+            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            if world != target.ranks:
+                raise EngineError(f"target asks for {target.ranks} ranks, this process is in a world of {world}",
+                                  "multi-rank targets are launched by the harness (`scoreboard round run`)")
+            return prepare_rank(target)
         cfg = checked_config(target)
         faults = parse_faults(target.options.get("faults"))
         dtype = _dtype_name(target)

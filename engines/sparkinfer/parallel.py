@@ -18,17 +18,18 @@ The model subclasses :class:`~engines.sparkinfer.model.K3Model` and overrides on
 other line of the forward, and the engine's prefill/decode code paths (engine.SparkInferEngine's
 logits/begin/step on a :class:`~engines.sparkinfer.engine.Loaded` handle), are the single-process ones.
 
-Driving it: :func:`run_parallel` launches ``world`` ranks (launch.py) that each run :func:`run_job`;
-rank 0 returns one dict (identity, ownership table, logits, greedy tokens, timed reps, fingerprints).
+Driving it: in a round, the harness launches the ranks (torchrun, scoreboard.distributed) and
+``SparkInferEngine.prepare`` calls :func:`prepare_rank` when the target has ``ranks > 1``. Outside the
+harness (tests, bench scripts), :func:`run_parallel` launches ``world`` ranks (launch.py) that each run
+:func:`run_job`; rank 0 returns one dict (identity, ownership table, logits, greedy tokens, timed reps,
+fingerprints).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from scoreboard.engine import EngineTarget, LogitsRequest, Prepared, Rep, Workload
+from scoreboard.distributed import RankGroup
+from scoreboard.engine import EngineTarget, LogitsRequest, Prepared, Workload
 from scoreboard.errors import EngineError, InputError
+from scoreboard.timing import time_reps
 
 from .engine import (
     DTYPES,
@@ -384,65 +387,6 @@ def prepare_rank(target: EngineTarget, group: Any = None) -> Prepared:
         "threads": torch.get_num_threads()})
 
 
-def agree(value: Any, what: str, group: Any = None) -> None:
-    """Every rank must hold the same `value` (tokens generated, ...): refuse a world that diverged."""
-    world = dist.get_world_size(group)
-    seen: list[Any] = [None] * world
-    dist.all_gather_object(seen, value, group=group)
-    bad = [r for r in range(world) if seen[r] != seen[0]]
-    if bad:
-        raise EngineError(f"ranks {bad} disagree with rank 0 on {what}: {seen[bad[0]]!r} vs {seen[0]!r}",
-                          "replicated parts must compute identically on every rank (same threads, same kernels)")
-
-
-def time_reps_ranked(prepared: Prepared, workload: Workload, reps: int, warmup: int = 1,
-                     clock: Callable[[], int] = time.perf_counter_ns, group: Any = None) -> list[Rep] | None:
-    """scoreboard.timing.time_reps across ranks: rank 0's clock around barriers; its reps (else None).
-
-    Each rep on every rank: begin() (untimed) -> synchronize -> barrier -> [rank 0: t0] -> step() ->
-    synchronize -> barrier -> [rank 0: t1]. The second barrier makes t1 the moment the slowest rank
-    finished, so the raw ns cover the whole world's step. The ranks' generated ids must agree.
-    """
-    engine = SparkInferEngine()
-    rank = dist.get_rank(group)
-    out: list[Rep] = []
-    ids_seen: list[list[int]] = []
-    for i in range(warmup + reps):
-        state = engine.begin(prepared, workload)
-        engine.synchronize(prepared)
-        dist.barrier(group)
-        t0 = clock()
-        ids = [int(x) for x in engine.step(prepared, state)]
-        engine.synchronize(prepared)
-        dist.barrier(group)
-        t1 = clock()
-        if workload.phase == "decode" and len(ids) != workload.n_tokens:
-            raise EngineError(f"parallel sparkinfer returned {len(ids)} tokens for a decode of {workload.n_tokens}")
-        if rank == 0 and t1 <= t0:
-            raise EngineError(f"non-positive elapsed time ({t1 - t0} ns) timing parallel sparkinfer")
-        ids_seen.append(ids)
-        if i >= warmup:
-            out.append(Rep(ns=t1 - t0, n_tokens=workload.n_tokens, token_ids=ids, clock="harness"))
-    agree(ids_seen, "the timed reps' token ids", group)
-    return out if rank == 0 else None
-
-
-def gather_fingerprints(group: Any = None) -> list[dict[str, Any]]:
-    """Every rank's scoreboard.environment.fingerprint() (+ rank, pid, CUDA device), in rank order."""
-    import os
-
-    from scoreboard.environment import fingerprint
-
-    fp = fingerprint()
-    fp["rank"] = {"rank": dist.get_rank(group), "pid": os.getpid(), "backend": dist.get_backend(group),
-                  "cuda_device": (torch.cuda.get_device_name(torch.cuda.current_device())
-                                  if torch.cuda.is_available() and torch.cuda.is_initialized() else None),
-                  "torch_threads": torch.get_num_threads()}
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, fp, group=group)
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 # the job the launcher runs on every rank
 
@@ -458,33 +402,35 @@ class ParallelJob:
 
 
 def run_job(rank: int, world: int, job: ParallelJob) -> dict[str, Any]:
-    """On every rank: prepare, then the job's parts in order; rank 0's dict is what the launcher returns."""
+    """On every rank: prepare, then the job's parts in order; rank 0's dict is what the launcher returns.
+    Agreement, fingerprints and the clock are the harness's own (scoreboard.distributed, scoreboard.timing)."""
     engine = SparkInferEngine()
+    group = RankGroup.current(job.target.device)
     prep = prepare_rank(job.target)
     model: ExpertParallelK3Model = prep.handle.model
     out: dict[str, Any] = {"identity": prep.identity.as_dict(), "notes": prep.notes}
     if job.fingerprints:
-        out["fingerprints"] = gather_fingerprints()
-    bands: list[Any] = [None] * world
-    dist.all_gather_object(bands, {"band": prep.notes["band"], "bytes": prep.notes["bytes"]})
-    out["ranks"] = bands
+        out["fingerprints"] = group.fingerprints()
+    out["ranks"] = group.gather({"band": prep.notes["band"], "bytes": prep.notes["bytes"]})
     if job.logits is not None:
         ids, pos = job.logits
         before = model.n_collectives
         res = engine.logits(prep, LogitsRequest(tuple(ids), tuple(pos), job.target.geometry))
         out["logits"] = res.logits
         out["logits_collectives"] = model.n_collectives - before
-        agree(hashlib.sha256(res.logits.tobytes()).hexdigest(), "the logits")
+        group.agree_bytes(np.ascontiguousarray(res.logits).tobytes(), "the logits")
     if job.greedy is not None:
         prompt, depth, n = job.greedy
         before = model.n_collectives
         toks = greedy_decode(prep, prompt, depth, n)
-        agree(toks, "the greedy tokens")
+        group.agree(toks, "the greedy tokens")
         out["greedy"] = toks
         out["greedy_collectives"] = model.n_collectives - before
     if job.timed is not None:
         wl, reps, warmup = job.timed
-        out["reps"] = time_reps_ranked(prep, wl, reps, warmup)
+        timed = time_reps(engine, prep, wl, reps, warmup, barrier=group.barrier)
+        group.agree([r.token_ids for r in timed], "the timed reps' token ids")
+        out["reps"] = timed if rank == 0 else None
     return out
 
 

@@ -103,12 +103,32 @@ class Round:
         finally:
             self.receipt["stage_seconds"][name] = round(time.perf_counter() - t0, 3)
 
-    def engine_target(self, device_opts: dict[str, Any] | None = None, reference: Any = None) -> EngineTarget:
+    def engine_target(self, device_opts: dict[str, Any] | None = None, reference: Any = None,
+                      ranks: int = 1) -> EngineTarget:
         g = self.target.geometry
         assert self.pre is not None
         return EngineTarget(self.target_id, self.pre.shards[0], tuple(self.pre.shards), self.target.device,
                             Geometry(g["n_ctx"], g["n_batch"], g["n_ubatch"], g.get("n_threads", 0)),
-                            reference=reference, options=dict(device_opts or {}))
+                            reference=reference, options=dict(device_opts or {}), ranks=ranks)
+
+    def candidate_target(self) -> EngineTarget:
+        """The candidate's target: parallel.ranks processes (launched by the harness when > 1)."""
+        return self.engine_target(self.opts.candidate_options, ranks=self.target.parallel.ranks)
+
+    def device_env(self) -> dict[str, str]:
+        """Both sides' GPUs: CUDA_VISIBLE_DEVICES = the first parallel.ranks devices (cuda targets only)."""
+        if self.target.device != "cuda":
+            return {}
+        from ..distributed import visible_devices
+
+        return {"CUDA_VISIBLE_DEVICES": visible_devices(self.target.parallel.ranks)}
+
+    def reference_target(self) -> EngineTarget:
+        """The reference's target: one process, llama.cpp's own split mode over the candidate's GPUs."""
+        opts = {"split_mode": self.target.parallel.reference_split_mode}
+        if self.target.device == "cuda":
+            opts["visible_devices"] = self.device_env()["CUDA_VISIBLE_DEVICES"]
+        return self.engine_target(opts, reference=self.lock.references[self.target.reference])
 
     @property
     def target_id(self) -> str:

@@ -38,6 +38,11 @@ def preflight(rnd: "Round") -> PreflightResult:
 
     t, lock, r = rnd.target, rnd.lock, rnd.receipt
     fp = environment.fingerprint()
+    par = t.parallel
+    fp["parallel"] = {"ranks": par.ranks, "backend": par.backend_for(t.device),
+                      "launcher": "torchrun --standalone" if par.ranks > 1 else "one process",
+                      "reference_split_mode": par.reference_split_mode,
+                      "visible_devices": rnd.device_env().get("CUDA_VISIBLE_DEVICES", "")}
     r["environment"] = fp
     bad = environment.node_mismatches(fp, lock.nodes[t.node])
     if bad and not rnd.opts.allow_node_mismatch:
@@ -50,16 +55,26 @@ def preflight(rnd: "Round") -> PreflightResult:
                     "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in weights.files]}
     rnd.report("step", message="model config checks")
     config = load_k3_config(shards[0])
-    fit = check_fit(fit_budget(lock, rnd.target_id, weights_dir=shards[0].parent))
+    fit = check_fit(fit_budget(lock, rnd.target_id, weights_dir=shards[0].parent, **_rank_budget(t)))
     rnd.report("step", message=f"fit: {fit.summary()}")
     rnd.pre = PreflightResult(shards, registry.load(t.reference_engine), None, config, fit)  # type: ignore[arg-type]
-    ref_target = rnd.engine_target(reference=lock.references[t.reference])
+    ref_target = rnd.reference_target()
     rnd.report("step", message=f"preparing reference {t.reference_engine} at its pin (build re-verified)")
     ref_prepared = rnd.pre.ref_engine.prepare(ref_target, rnd.opts.cache_dir,
                                               lambda msg, frac=None: rnd.report("step", message=msg))
     rnd.pre.ref_prepared = ref_prepared
     r["reference"] = {"engine": t.reference_engine, "identity": ref_prepared.identity.as_dict()}
     return rnd.pre
+
+
+def _rank_budget(t: Any) -> dict[str, Any]:
+    """fit_budget overrides for a multi-rank target: its rank count; on cpu the ranks share host RAM."""
+    ranks = t.parallel.ranks
+    if ranks == 1:
+        return {}
+    if t.device == "cpu":
+        return {"ranks": ranks, "usable_gib": environment.ram_gib() / ranks}
+    return {"ranks": ranks}
 
 
 def _weights(rnd: "Round", weights_id: str) -> list[Path]:
@@ -100,12 +115,31 @@ class GateStage:
         rnd = self.rnd
         source = source or rnd.source
         res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
-                         rnd.engine_target(rnd.opts.candidate_options), rnd.opts.cache_dir, op, payload,
-                         rnd.target.speed.timeout_s)
-        cmd = res.command[:3] + [f"<{op}>"]
+                         rnd.candidate_target(), rnd.opts.cache_dir, op, payload, rnd.target.speed.timeout_s,
+                         env=rnd.device_env())
+        cmd = [c for c in res.command if not c.endswith(".json")] + [f"<{op}>"]
         if cmd not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(cmd)
-        return {**res.body, "_wall_ns": res.wall_ns}
+        if "ranks" in res.body:
+            self.check_ranks(res.body["ranks"])
+        return {**res.body, "_wall_ns": res.wall_ns, "_command": cmd[:-1]}
+
+    def check_ranks(self, fps: list[dict[str, Any]]) -> None:
+        """Every rank's fingerprint: recorded (first launch), checked against the node class (every launch)."""
+        from ..distributed import rank_problems
+
+        rnd, t = self.rnd, self.rnd.target
+        node = rnd.lock.nodes[t.node]
+        bad = rank_problems(fps, t.parallel.ranks, t.device, node.gpu_model)
+        for fp in fps:
+            bad += [f"rank {fp['rank']['rank']}: {p}" for p in environment.node_mismatches(fp, node)]
+        if bad and not rnd.opts.allow_node_mismatch:
+            raise InputError(f"the candidate's {t.parallel.ranks} ranks are not a {t.node!r} world:\n  "
+                             + "\n  ".join(bad), f"run `scoreboard env --target {rnd.target_id}` and use a matching box")
+        env = rnd.receipt["environment"]
+        if "ranks" not in env:
+            env["ranks"] = fps
+            env["rank_problems"] = bad
 
     def run(self) -> None:
         rnd, t, r = self.rnd, self.rnd.target, self.rnd.receipt
@@ -270,7 +304,7 @@ class SpeedStage:
         for runs in body["runs"]:
             out.append({"block": block if block is not None else -1, "samples_ns": [x["ns"] for x in runs],
                         "n_tokens": [x["n_tokens"] for x in runs], "token_ids": [x["token_ids"] for x in runs],
-                        "wall_ns": wall, "command": ["python", "-m", "scoreboard.worker"],
+                        "wall_ns": wall, "command": body["_command"],
                         "clock": "harness"})
         return out
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,8 @@ from typing import Any
 
 from ..engine import EngineTarget
 from ..errors import EngineError, TransientError
-from ..worker import target_to_dict
+from ..distributed import launch_command
+from ..worker import pid_path, result_path, target_to_dict
 from .candidate import HARNESS_ROOT
 
 # Never visible to a candidate process: signing keys and tokens (CASE-STUDY: env -u POLARIS_API_KEY).
@@ -28,37 +31,165 @@ class WorkerResult:
     command: list[str]
 
 
-def worker_env(import_root: Path) -> dict[str, str]:
+def worker_env(import_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(import_root), str(HARNESS_ROOT)])
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
+def worker_command(world: int, request: Path, result: Path) -> list[str]:
+    """One fresh worker process, or `world` ranks of it under torchrun (scoreboard.distributed)."""
+    args = [str(request), str(result)]
+    if world == 1:
+        return [sys.executable, "-m", "scoreboard.worker", *args]
+    return launch_command(world, "scoreboard.worker", args)
+
+
 def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: str,
-               payload: dict[str, Any], timeout_s: float, workdir: Path | None = None) -> WorkerResult:
-    """Run one engine operation in a fresh process; raise EngineError/TransientError on failure."""
+               payload: dict[str, Any], timeout_s: float, workdir: Path | None = None,
+               env: dict[str, str] | None = None) -> WorkerResult:
+    """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
+
+    The wall clock bounds the whole launch. On timeout every process is stopped (the launcher's session,
+    then each rank by the pid it recorded) and none is left running.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="sb-worker-", dir=workdir))
-    req = {"engine": engine, "target": target_to_dict(target), "cache_dir": str(cache_dir), "op": op, **payload}
+    req = {"engine": engine, "target": target_to_dict(target), "cache_dir": str(cache_dir), "op": op,
+           "timeout_s": timeout_s, **payload}
     (tmp / "request.json").write_text(json.dumps(req))
-    cmd = [sys.executable, "-m", "scoreboard.worker", str(tmp / "request.json"), str(tmp / "result.json")]
-    t0 = time.perf_counter_ns()
-    try:
-        proc = subprocess.run(cmd, env=worker_env(import_root), cwd=tmp, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise EngineError(f"{engine} worker ({op}) exceeded the {timeout_s:.0f} s timeout",
-                          "raise speed.timeout_s in the target policy only if the workload is really that slow")
-    wall = time.perf_counter_ns() - t0
-    log = tmp / "worker.log"
-    log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     res = tmp / "result.json"
-    if not res.exists():
-        tail = (proc.stderr or proc.stdout)[-2000:]
-        raise EngineError(f"{engine} worker ({op}) crashed with exit {proc.returncode} and no result; log {log}\n{tail}")
-    body = json.loads(res.read_text())
+    cmd = worker_command(target.ranks, tmp / "request.json", res)
+    log = tmp / "worker.log"
+    t0 = time.perf_counter_ns()
+    proc = subprocess.Popen(cmd, env=worker_env(import_root, env), cwd=tmp, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        out = _stop(proc, res, target.ranks)
+        log.write_text(out)
+        raise EngineError(f"{engine} worker ({op}{_world(target)}) exceeded the {timeout_s:.0f} s timeout; "
+                          f"every process was stopped; log {log}",
+                          "raise speed.timeout_s in the target policy only if the workload is really that slow")
+    except BaseException:  # Ctrl-C: leave no rank behind
+        _stop(proc, res, target.ranks)
+        raise
+    finally:
+        _reap_ranks(res, target.ranks)
+    wall = time.perf_counter_ns() - t0
+    log.write_text(out)
+    body = _result(res, target.ranks, out)
+    if body is None:
+        tail = out[-2000:]
+        raise EngineError(f"{engine} worker ({op}{_world(target)}) crashed with exit {proc.returncode} and no result; "
+                          f"log {log}\n{tail}")
     if not body.get("ok"):
         cls = TransientError if body.get("transient") else EngineError
         detail = body.get("traceback") or ""
-        raise cls(f"{engine} ({op}) failed: {body.get('error')}\n{detail[-1500:]}".rstrip(), body.get("hint"))
+        where = f" on rank {body['rank']} of {target.ranks}" if target.ranks > 1 else ""
+        raise cls(f"{engine} ({op}) failed{where}: {body.get('error')} (log {log})\n{detail[-1500:]}".rstrip(),
+                  body.get("hint"))
     return WorkerResult(body, wall, cmd)
+
+
+def _world(target: EngineTarget) -> str:
+    return f", {target.ranks} ranks" if target.ranks > 1 else ""
+
+
+# what a rank reports when a peer went away: a consequence, never the root cause
+_PEER = re.compile(r"connection (reset|closed) by peer|broken pipe|socket closed|communicator was aborted|"
+                   r"ncclRemoteError|remote process exited|DistNetworkError", re.IGNORECASE)
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
+
+
+def _result(res: Path, world: int, log_text: str = "") -> dict[str, Any] | None:
+    """Rank 0's result when every rank succeeded; else the root cause over all ranks, in this order: a rank's
+    own error (earliest first), a rank that died without writing its outcome, and only then a rank's report
+    that a peer went away (what every survivor says after the real failure)."""
+    bodies = {r: _read(result_path(res, r)) for r in range(world)}
+    failed = sorted((b for b in bodies.values() if b is not None and b.get("ok") is False),
+                    key=lambda b: b.get("at_ns", 0))
+    own = [b for b in failed if not _PEER.search(str(b.get("error", "")))]
+    if own:
+        return own[0]
+    if world > 1:
+        started = {r for r in range(world) if pid_path(res, r).exists()}
+        silent = sorted(r for r in range(world) if bodies[r] is None and (r in started or not started))
+        if silent and (failed or len(silent) < world):
+            codes = {int(r): int(c) for r, c in _TORCHRUN_FAILURE.findall(log_text)}
+            r = silent[0]
+            how = f"exit code {codes[r]}" if r in codes else "no exit code reported"
+            return {"ok": False, "rank": r, "transient": False, "error": f"rank {r} ended without a result ({how}); "
+                    "the other ranks' errors follow from it", "hint": "see the worker log for its output"}
+    if failed:
+        return failed[0]
+    head = bodies[0]
+    if head is None or (world > 1 and any(b is None or not b.get("ok") for b in bodies.values())):
+        return None  # killed or crashed without a word from any rank
+    return head
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rank_pids(res: Path, world: int) -> list[int]:
+    pids = []
+    for r in range(world):
+        try:
+            pids.append(int(pid_path(res, r).read_text()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap_ranks(res: Path, world: int, grace_s: float = 5.0) -> None:
+    """After the launcher returned: a rank that outlived it (it should not) is terminated, then killed."""
+    if world == 1:
+        return
+    pids = [p for p in _rank_pids(res, world) if p != os.getpid() and _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if _alive(p)]
+            time.sleep(0.05)
+        if not pids:
+            return
+
+
+def _stop(proc: subprocess.Popen, res: Path, world: int, grace_s: float = 10.0) -> str:
+    """SIGTERM the launcher's session (torchrun forwards it to its ranks), SIGKILL after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            out, _ = proc.communicate(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    else:
+        out = ""
+    _reap_ranks(res, world)
+    return out or ""

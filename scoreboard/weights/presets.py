@@ -136,7 +136,23 @@ _K3_MID = K3Spec(
     weight_type="f16", n_shards=4, default_seed=0,
 )
 
-PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID)}
+# Kimi K3's real per-layer widths (K3.md), 3 layers: KDA (dense lead), KDA + MoE, MLA + MoE. Two MoE
+# layers of 896 experts are 59.2 B parameters: q8_0 on disk (63 GB), then llama-quantize to IQ1_S with an
+# importance matrix on the 8x H200 box (an IQ1_S without one is refused by llama-quantize). Never on CI.
+_K3_SLICE = K3Spec(
+    name="k3-slice",
+    description="Kimi K3 at its real per-layer widths for the 8x H200 scaling runs: hidden 7168, 96 MLA/KDA heads, "
+                "896 experts top-16 + 2 shared at latent 3584 / FFN 3072, dense FFN 33792; 3 layers (2 KDA, "
+                "MLA at 1-indexed 3), 2 of them MoE",
+    n_layer=3, full_attn_layers=(3,), n_embd=7168, n_head=96, kda_head_dim=128, ssm_conv_kernel=4,
+    kda_gate_lower_bound=-5.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, rope_dim=64, v_head_dim=128,
+    n_layer_dense_lead=1, dense_ff=33792, n_expert=896, n_expert_used=16, n_expert_shared=2, expert_ff=3072,
+    expert_latent_length=3584, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
+    attn_res_block_size=12, n_vocab=1024, corpus_sha256=CORPUS_V1, context_length=262144,
+    weight_type="q8_0", n_shards=8, default_seed=0,
+)
+
+PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID, _K3_SLICE)}
 
 
 def get_spec(name: str) -> K3Spec:

@@ -30,6 +30,7 @@ namespace {
 struct Args {
     std::string model, tokens, positions, out;
     long n_ctx = 0, n_batch = 0, n_ubatch = 0, threads = 0, n_gpu_layers = 0, flash_attn = -1;
+    std::string split_mode = "layer";  // llama.cpp's own split over the visible GPUs: none | layer | row
 };
 
 [[noreturn]] void die(int code, const char * fmt, const char * what) {
@@ -67,6 +68,7 @@ Args parse(int argc, char ** argv) {
         else if (k == "--threads") a.threads = to_long("--threads", v);
         else if (k == "--n-gpu-layers") a.n_gpu_layers = to_long("--n-gpu-layers", v);
         else if (k == "--flash-attn") a.flash_attn = to_long("--flash-attn", v);
+        else if (k == "--split-mode") a.split_mode = v;
         else die(2, "unknown argument %s", argv[i - 1]);
     }
     if (a.model.empty() || a.tokens.empty() || a.positions.empty() || a.out.empty()) {
@@ -116,6 +118,10 @@ int main(int argc, char ** argv) {
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = (int32_t) a.n_gpu_layers;
+    if (a.split_mode == "none") mp.split_mode = LLAMA_SPLIT_MODE_NONE;
+    else if (a.split_mode == "layer") mp.split_mode = LLAMA_SPLIT_MODE_LAYER;
+    else if (a.split_mode == "row") mp.split_mode = LLAMA_SPLIT_MODE_ROW;
+    else die(2, "--split-mode must be none, layer or row, not %s", a.split_mode.c_str());
     llama_model * model = llama_model_load_from_file(a.model.c_str(), mp);
     if (!model) die(3, "failed to load model %s", a.model.c_str());
     const llama_vocab * vocab = llama_model_get_vocab(model);
@@ -186,9 +192,10 @@ int main(int argc, char ** argv) {
     if (!ok) die(6, "short write to %s", a.out.c_str());
 
     std::printf("{\"n_vocab\": %d, \"n_rows\": %zu, \"n_tokens\": %zu, \"n_ctx\": %u, \"n_batch\": %u, "
-                "\"n_ubatch\": %u, \"n_threads\": %d, \"flash_attn\": %ld, \"n_gpu_layers\": %ld}\n",
+                "\"n_ubatch\": %u, \"n_threads\": %d, \"flash_attn\": %ld, \"n_gpu_layers\": %ld, "
+                "\"split_mode\": \"%s\"}\n",
                 n_vocab, n_rows, tokens.size(), n_ctx, n_batch, n_ubatch, llama_n_threads(ctx), a.flash_attn,
-                a.n_gpu_layers);
+                a.n_gpu_layers, a.split_mode.c_str());
 
     llama_batch_free(batch);
     llama_free(ctx);
