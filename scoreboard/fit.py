@@ -158,6 +158,10 @@ def fit_budget(lock, target_id: str, *, n_ctx: int | None = None, ranks: int | N
         d_ranks, d_usable, source = 1, 0.0, "not detected"
     else:
         d_ranks, d_usable, source = node.gpu_count, node.gpu_memory_gib, f"node class {target.node}"
+    if ranks is None and target.parallel.ranks > 1:  # the lock's own plan: that many processes
+        ranks = target.parallel.ranks
+        if target.device == "cpu" and d_usable:  # cpu ranks share the host's RAM
+            d_usable, source = d_usable / ranks, f"{source}, shared by {ranks} ranks"
     ranks = d_ranks if ranks is None else ranks
     if usable_gib is not None:
         d_usable, source = usable_gib, "given"

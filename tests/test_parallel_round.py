@@ -76,6 +76,16 @@ def test_unknown_split_mode_is_refused():
     assert "targets.k3-mini-cpu.parallel.reference_split_mode" in str(exc.value)
 
 
+def test_fit_prices_the_lock_s_ranks_and_cpu_ranks_share_the_host(tmp_path):
+    from scoreboard.fit import fit_budget
+
+    one = fit_budget(parse_lock(_lock_text()), TARGET, usable_gib=None)
+    two = fit_budget(parse_lock(_lock_text(ranks=2)), TARGET)
+    assert (one.ranks, two.ranks) == (1, 2)
+    assert two.usable_gib == pytest.approx(one.usable_gib / 2) and "shared by 2 ranks" in two.usable_source
+    assert fit_budget(load_lock(REPO / "reference.lock"), "kimi-k3-h200x8-iq1s", detect=False).ranks == 8
+
+
 def test_launch_command_is_torchrun_standalone():
     cmd = launch_command(4, "scoreboard.worker", ["req.json", "res.json"])
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]

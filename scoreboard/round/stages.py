@@ -55,7 +55,7 @@ def preflight(rnd: "Round") -> PreflightResult:
                     "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in weights.files]}
     rnd.report("step", message="model config checks")
     config = load_k3_config(shards[0])
-    fit = check_fit(fit_budget(lock, rnd.target_id, weights_dir=shards[0].parent, **_rank_budget(t)))
+    fit = check_fit(fit_budget(lock, rnd.target_id, weights_dir=shards[0].parent))
     rnd.report("step", message=f"fit: {fit.summary()}")
     rnd.pre = PreflightResult(shards, registry.load(t.reference_engine), None, config, fit)  # type: ignore[arg-type]
     ref_target = rnd.reference_target()
@@ -65,16 +65,6 @@ def preflight(rnd: "Round") -> PreflightResult:
     rnd.pre.ref_prepared = ref_prepared
     r["reference"] = {"engine": t.reference_engine, "identity": ref_prepared.identity.as_dict()}
     return rnd.pre
-
-
-def _rank_budget(t: Any) -> dict[str, Any]:
-    """fit_budget overrides for a multi-rank target: its rank count; on cpu the ranks share host RAM."""
-    ranks = t.parallel.ranks
-    if ranks == 1:
-        return {}
-    if t.device == "cpu":
-        return {"ranks": ranks, "usable_gib": environment.ram_gib() / ranks}
-    return {"ranks": ranks}
 
 
 def _weights(rnd: "Round", weights_id: str) -> list[Path]:
