@@ -94,7 +94,24 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
             raise ScoreboardError(f"unknown worker op {req['op']!r}")
     finally:
         engine.close(prepared)
+    peak = peak_memory()
+    result["peak_memory"] = group.gather(peak) if group is not None else [peak]
     return result
+
+
+def peak_memory() -> dict[str, Any]:
+    """This process's peak memory so far, in GiB: host RSS (getrusage) and, when the engine used CUDA, the
+    torch allocator's peak on this process's device. What the fit check predicted per rank is compared
+    with this (the harness reads it; the engine does not report it)."""
+    import resource
+
+    out: dict[str, Any] = {"rank": int(os.environ.get("RANK", "0")) if launched_world() > 1 else 0,
+                           "host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 4),
+                           "device_gib": None}
+    torch = sys.modules.get("torch")  # never imported here for an engine that did not
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["device_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 4)
+    return out
 
 
 def result_path(res_path: Path, rank: int) -> Path:

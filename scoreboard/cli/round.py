@@ -147,6 +147,7 @@ def render(r: dict[str, Any]) -> None:
                           f"{g['top1_vs_reference']:.3f} of positions")
     if r.get("speed"):
         _speed_table(r)
+    _memory(r.get("environment") or {})
     v = r.get("verdict") or {}
     color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(v.get("label"), "green")
     console.print(f"[bold {color}]verdict: {v.get('label')}[/]")
@@ -154,6 +155,18 @@ def render(r: dict[str, Any]) -> None:
         console.print(v["explanation"], highlight=False)
     for reason in v.get("reasons", []):
         console.print(f"  - {reason}", highlight=False)
+
+
+def _memory(env: dict[str, Any]) -> None:
+    """Per rank: the fit check's prediction next to the measured peak of the candidate's processes."""
+    fit, peaks = env.get("fit"), env.get("peak_memory")
+    if not fit or not peaks:
+        return
+    for p in peaks:
+        dev = "" if p.get("device_gib") is None else f", device peak {p['device_gib']:.2f} GiB"
+        console.print(f"memory rank {p['rank']}: fit predicted {fit['need_gib_per_rank']:.2f} GiB per rank "
+                      f"(weights {fit['lines'].get('weights', 0):.2f}); measured host RSS peak "
+                      f"{p['host_rss_gib']:.2f} GiB{dev}", highlight=False)
 
 
 def _speed_table(r: dict[str, Any]) -> None:

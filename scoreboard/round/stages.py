@@ -57,6 +57,8 @@ def preflight(rnd: "Round") -> PreflightResult:
     config = load_k3_config(shards[0])
     fit = check_fit(fit_budget(lock, rnd.target_id, weights_dir=shards[0].parent))
     rnd.report("step", message=f"fit: {fit.summary()}")
+    fp["fit"] = {"ranks": fit.ranks, "need_gib_per_rank": round(fit.need_gib, 4), "usable_gib": fit.usable_gib,
+                 "lines": {x.item: round(x.gib, 4) for x in fit.lines}}
     rnd.pre = PreflightResult(shards, registry.load(t.reference_engine), None, config, fit)  # type: ignore[arg-type]
     ref_target = rnd.reference_target()
     rnd.report("step", message=f"preparing reference {t.reference_engine} at its pin (build re-verified)")
@@ -112,7 +114,23 @@ class GateStage:
             rnd.receipt["commands"].append(cmd)
         if "ranks" in res.body:
             self.check_ranks(res.body["ranks"])
+        self.record_peaks(res.body.get("peak_memory") or [])
         return {**res.body, "_wall_ns": res.wall_ns, "_command": cmd[:-1]}
+
+    def record_peaks(self, peaks: list[dict[str, Any]]) -> None:
+        """environment.peak_memory: per rank, the largest peak any candidate launch reached, next to the
+        fit check's prediction (environment.fit) — measured against predicted, every round."""
+        env = self.rnd.receipt["environment"]
+        have = {p["rank"]: p for p in env.get("peak_memory", [])}
+        for p in peaks:
+            old = have.get(p["rank"])
+            if old is None:
+                have[p["rank"]] = dict(p)
+                continue
+            for key in ("host_rss_gib", "device_gib"):
+                if p.get(key) is not None and (old.get(key) is None or p[key] > old[key]):
+                    old[key] = p[key]
+        env["peak_memory"] = [have[k] for k in sorted(have)]
 
     def check_ranks(self, fps: list[dict[str, Any]]) -> None:
         """Every rank's fingerprint: recorded (first launch), checked against the node class (every launch)."""
