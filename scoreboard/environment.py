@@ -99,11 +99,15 @@ def _packages() -> dict[str, str]:
     return out
 
 
+HARNESS_CODE = ("scoreboard", "pyproject.toml")  # what measures; the lock and rounds/ are its records
+
+
 def _harness_git(root: Path) -> dict[str, Any]:
+    """The harness's commit, and whether its code (HARNESS_CODE) has uncommitted changes."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=str(root))
     if commit is None:
         return {"commit": "", "dirty": None}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=str(root))
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no", "--", *HARNESS_CODE], cwd=str(root))
     return {"commit": commit, "dirty": bool(status)}
 
 

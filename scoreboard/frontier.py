@@ -99,6 +99,8 @@ def ineligible(receipt: Mapping[str, Any]) -> str | None:
         (bool(v.get("claim")), "a claim never moves a slot"),
         (not cand["is_main"], f"the candidate is {cand['label']!r}, not main"),
         (cand["dirty"] or not cand["commit"], "main had uncommitted changes or no commit"),
+        (((receipt.get("environment") or {}).get("harness") or {}).get("dirty") is True,
+         "the harness (scoreboard/) that measured had uncommitted changes"),
         (not gate.get("pass"), "the correctness gate did not pass"),
         (v.get("label") not in MOVES_FRONTIER,
          f"verdict is {v.get('label')}: only BASELINE or a significant tier moves a slot (noise must not ratchet it)"),

@@ -183,3 +183,20 @@ def test_cli_frontier_lower_and_show(env):
     out = subprocess.run([*cmd, "frontier", "show", "--lock", str(lock), "--json"], capture_output=True, text=True)
     row = next(r for r in json.loads(out.stdout)["slots"] if r["slot"] == SCORED_SLOT)
     assert (row["value"], row["round"], row["kind"]) == (44.25, slow.receipt["round_id"], "frontier")
+
+
+def test_a_main_round_measured_by_an_edited_harness_moves_nothing(env):
+    """A faster main number measured by uncommitted harness code (scoreboard/) is not a measurement a
+    frontier may rest on; a clean harness's is."""
+    lock, rounds = env
+    record_round(make_receipt(candidate_tps=50.0, **rid_kwargs(10)), rounds, lock)
+    before = slots(lock)
+    edited = make_receipt(candidate_tps=70.0, **rid_kwargs(12))
+    edited["environment"]["harness"] = {"commit": MAIN_COMMIT, "dirty": True}
+    rec = record_round(edited, rounds, lock)
+    assert rec.changes == [] and slots(lock) == before
+    assert frontier.ineligible(rec.receipt) == "the harness (scoreboard/) that measured had uncommitted changes"
+    clean = make_receipt(candidate_tps=70.0, **rid_kwargs())
+    clean["environment"]["harness"] = {"commit": MAIN_COMMIT, "dirty": False}
+    assert record_round(clean, rounds, lock).changes != []
+    assert verify(lock, rounds).problems == []

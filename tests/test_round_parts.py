@@ -76,6 +76,25 @@ def test_candidate_resolution(tmp_path: Path):
     assert [p.name for p in shim.iterdir()] == ["engines"]  # only the candidate's engines, never scoreboard
 
 
+def test_only_candidate_code_makes_main_dirty(tmp_path: Path):
+    """A sealed round appends to rounds/ledger.jsonl and rewrites reference.lock: that is the harness's own
+    record, not a change to what the candidate runs, so the next main round may still move a frontier."""
+    repo = tmp_path / "repo"
+    (repo / "engines").mkdir(parents=True)
+    (repo / "rounds").mkdir()
+    (repo / "engines" / "e.py").write_text("x = 1\n")
+    (repo / "rounds" / "ledger.jsonl").write_text("")
+    (repo / "reference.lock").write_text("schema = 1\n")
+    _git("init", "-q", "-b", "main", cwd=repo)
+    _git("-c", "user.email=t@t", "-c", "user.name=t", "add", "-A", cwd=repo)
+    _git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x", cwd=repo)
+    (repo / "rounds" / "ledger.jsonl").write_text("{}\n")
+    (repo / "reference.lock").write_text("schema = 1\n# slots moved\n")
+    assert not resolve("main", tmp_path / "cache", repo=repo).dirty
+    (repo / "engines" / "e.py").write_text("x = 2\n")
+    assert resolve("main", tmp_path / "cache", repo=repo).dirty
+
+
 def test_worker_env_strips_secrets(monkeypatch, tmp_path):
     for k in SECRET_ENV:
         monkeypatch.setenv(k, "secret")

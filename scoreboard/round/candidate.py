@@ -33,8 +33,15 @@ def _git(args: list[str], cwd: Path) -> str:
     return out.stdout.strip()
 
 
+# What a candidate *runs*: its engines and the packaging that registers them. The harness's own data in
+# the same checkout (reference.lock slots, rounds/ and its ledger) changes with every sealed round and
+# does not make the candidate's code differ from its commit.
+CANDIDATE_CODE = ("engines", "pyproject.toml")
+
+
 def _dirty(root: Path) -> bool:
-    return bool(_git(["status", "--porcelain", "--untracked-files=no"], root))
+    """Uncommitted changes to tracked candidate code (CANDIDATE_CODE) under `root`."""
+    return bool(_git(["status", "--porcelain", "--untracked-files=no", "--", *CANDIDATE_CODE], root))
 
 
 def resolve(spec: str, cache_dir: Path, repo: Path = HARNESS_ROOT) -> CandidateSource:
