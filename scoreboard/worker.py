@@ -41,6 +41,12 @@ def target_to_dict(t: EngineTarget) -> dict[str, Any]:
             "device": t.device, "geometry": t.geometry.as_dict(), "options": dict(t.options), "ranks": t.ranks}
 
 
+# an op is one or more parts run in order on one prepared engine ("gate": the gate's logits and its checked
+# greedy decode in one process, so the weights are loaded once for both)
+OPS: dict[str, tuple[str, ...]] = {"timed": ("timed",), "logits": ("logits",), "greedy": ("greedy",),
+                                   "gate": ("logits", "greedy")}
+
+
 def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict[str, Any]:
     engine = registry.load(req["engine"])
     target = target_from_dict(req["target"])
@@ -59,7 +65,10 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
         result["ranks"] = group.fingerprints()
     barrier = group.barrier if group is not None else None
     try:
-        if req["op"] == "timed":
+        parts = OPS.get(req["op"])
+        if parts is None:
+            raise ScoreboardError(f"unknown worker op {req['op']!r}; known: {', '.join(OPS)}")
+        if "timed" in parts:
             runs = []
             for w in req["workloads"]:
                 workload = Workload(w["phase"], w["depth"], w["n_tokens"], tuple(w["prompt_ids"]))
@@ -68,7 +77,7 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
                     group.agree([r.token_ids for r in reps], f"the timed {workload.phase} reps' token ids")
                 runs.append([{"ns": r.ns, "n_tokens": r.n_tokens, "token_ids": r.token_ids} for r in reps])
             result["runs"] = runs
-        elif req["op"] == "logits":
+        if "logits" in parts:
             files = []
             for i, q in enumerate(req["requests"]):
                 r = engine.logits(prepared, LogitsRequest(tuple(q["token_ids"]), tuple(q["positions"]), target.geometry))
@@ -80,7 +89,7 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
                     np.save(path, logits)
                 files.append({"path": str(path), "geometry": r.geometry.as_dict()})
             result["logits"] = files
-        elif req["op"] == "greedy":
+        if "greedy" in parts:
             greedy = []
             for w in req["workloads"]:
                 workload = Workload(w["phase"], w["depth"], w["n_tokens"], tuple(w["prompt_ids"]))
@@ -90,8 +99,6 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
                     group.agree(toks, "the greedy tokens")
                 greedy.append(toks)
             result["greedy"] = greedy
-        else:
-            raise ScoreboardError(f"unknown worker op {req['op']!r}")
     finally:
         engine.close(prepared)
     peak = peak_memory()

@@ -160,8 +160,10 @@ class GateStage:
         ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(ids, tuple(positions), geom))
         if ref.command:
             r["commands"].append(ref.command)
-        rnd.report("step", message="candidate logits (fresh worker process)")
-        body = self.candidate_call("logits", {"requests": [{"token_ids": list(ids), "positions": positions}]})
+        decode = [w for w in self.workloads() if w.phase == "decode"]
+        rnd.report("step", message="candidate logits and its checked greedy decode (fresh worker process)")
+        body = self.candidate_call("gate", {"requests": [{"token_ids": list(ids), "positions": positions}],
+                                            "workloads": [_wl(w) for w in decode]})
         r["candidate"] = _side(rnd, rnd.source, body["identity"])
         if rnd.main_source is not None:
             r["main"] = _side(rnd, rnd.main_source, {})
@@ -180,9 +182,8 @@ class GateStage:
         gate["prompt"] = self.prompt.describe()
         gate["geometry"] = ref.geometry.as_dict()
         # the checked run: greedy decode through the decode path, then graded against the reference
-        decode = [w for w in self.workloads() if w.phase == "decode"]
-        rnd.report("step", message="checked greedy decode (the timed run must reproduce it)")
-        greedy = self.candidate_call("greedy", {"workloads": [_wl(w) for w in decode]})["greedy"]
+        rnd.report("step", message="checked greedy decode against the reference (the timed run must reproduce it)")
+        greedy = body["greedy"]
         gate["greedy"] = {}
         gate["greedy_check"] = []
         for w, toks in zip(decode, greedy):
