@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import EngineError
+from .lockfile import ParallelPolicy
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -59,6 +60,11 @@ def launched_world() -> int:
         return 1
 
 
+def launched_rank() -> int:
+    """RANK set by the launcher for this process (0 when not launched as one of several ranks)."""
+    return int(os.environ.get("RANK", "0")) if launched_world() > 1 else 0
+
+
 @dataclass
 class RankGroup:
     """This process's place in the harness-initialized default process group."""
@@ -80,7 +86,7 @@ class RankGroup:
             raise EngineError(f"not launched as a rank: {', '.join(missing)} unset",
                               "multi-rank candidates are started by the round (torchrun), not by hand")
         rank, world, local = (int(os.environ[k]) for k in RANK_ENV)
-        backend = "nccl" if device == "cuda" else "gloo"
+        backend = ParallelPolicy.backend_for(device)
         if device == "cuda":
             if torch.cuda.device_count() <= local:
                 raise EngineError(f"rank {rank} needs GPU {local}, this host shows {torch.cuda.device_count()}",

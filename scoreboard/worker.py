@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import registry
-from .distributed import RankGroup, launched_world
+from .distributed import RankGroup, launched_rank, launched_world
 from .engine import EngineTarget, Geometry, LogitsRequest, Workload
 from .errors import EngineError, ScoreboardError, TransientError
 from .timing import time_reps
@@ -112,7 +112,7 @@ def peak_memory() -> dict[str, Any]:
     with this (the harness reads it; the engine does not report it)."""
     import resource
 
-    out: dict[str, Any] = {"rank": int(os.environ.get("RANK", "0")) if launched_world() > 1 else 0,
+    out: dict[str, Any] = {"rank": launched_rank(),
                            "host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 4),
                            "device_gib": None}
     torch = sys.modules.get("torch")  # never imported here for an engine that did not
@@ -139,7 +139,7 @@ def _write(path: Path, body: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     req_path, res_path = Path(argv[0]), Path(argv[1])
     req = json.loads(req_path.read_text())
-    rank = int(os.environ.get("RANK", "0")) if launched_world() > 1 else 0
+    rank = launched_rank()
     if launched_world() > 1:  # so that the parent can make sure no rank outlives the launch
         pid_path(res_path, rank).write_text(str(os.getpid()))
     group: RankGroup | None = None

@@ -230,7 +230,7 @@ def test_a_rank_that_raises_is_named_and_no_rank_survives(stub_root, tmp_path):
 def test_a_rank_that_dies_silently_is_a_crash_and_no_rank_survives(stub_root, tmp_path):
     with pytest.raises(EngineError) as exc:
         _run_stub(stub_root, tmp_path, "die")
-    assert "crashed" in exc.value.message or "rank" in exc.value.message
+    assert "failed on rank 1 of 2: rank 1 ended without a result (exit code 9)" in exc.value.message
     pids = _rank_pids(tmp_path)
     assert len(pids) == 2 and _gone(pids)
 

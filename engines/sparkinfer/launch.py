@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from scoreboard.errors import EngineError, ScoreboardError
+from scoreboard.lockfile import ParallelPolicy
 
 MASTER_ADDR = "127.0.0.1"
 KILL_GRACE_S = 5.0  # seconds between SIGTERM and SIGKILL at teardown
@@ -36,11 +37,9 @@ PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pi
 
 
 def default_backend(device: str) -> str:
-    """gloo on CPU, NCCL on CUDA."""
-    if device == "cpu":
-        return "gloo"
-    if device == "cuda":
-        return "nccl"
+    """gloo on CPU, NCCL on CUDA (the harness's rule: ParallelPolicy.backend_for)."""
+    if device in ("cpu", "cuda"):
+        return ParallelPolicy.backend_for(device)
     raise EngineError(f"no distributed backend for device {device!r}", "use device 'cpu' (gloo) or 'cuda' (nccl)")
 
 

@@ -126,8 +126,9 @@ class Round:
     def reference_target(self) -> EngineTarget:
         """The reference's target: one process, llama.cpp's own split mode over the candidate's GPUs."""
         opts = {"split_mode": self.target.parallel.reference_split_mode}
-        if self.target.device == "cuda":
-            opts["visible_devices"] = self.device_env()["CUDA_VISIBLE_DEVICES"]
+        visible = self.device_env().get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            opts["visible_devices"] = visible
         return self.engine_target(opts, reference=self.lock.references[self.target.reference])
 
     @property

@@ -109,13 +109,13 @@ class GateStage:
         res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
                          rnd.candidate_target(), rnd.opts.cache_dir, op, payload, rnd.target.speed.timeout_s,
                          env=rnd.device_env())
-        cmd = [c for c in res.command if not c.endswith(".json")] + [f"<{op}>"]
-        if cmd not in rnd.receipt["commands"]:
-            rnd.receipt["commands"].append(cmd)
+        base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
+        if base + [f"<{op}>"] not in rnd.receipt["commands"]:
+            rnd.receipt["commands"].append(base + [f"<{op}>"])
         if "ranks" in res.body:
             self.check_ranks(res.body["ranks"])
         self.record_peaks(res.body.get("peak_memory") or [])
-        return {**res.body, "_wall_ns": res.wall_ns, "_command": cmd[:-1]}
+        return {**res.body, "_wall_ns": res.wall_ns, "_command": base}
 
     def record_peaks(self, peaks: list[dict[str, Any]]) -> None:
         """environment.peak_memory: per rank, the largest peak any candidate launch reached, next to the
