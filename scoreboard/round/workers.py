@@ -117,9 +117,15 @@ def _result(res: Path, world: int, log_text: str = "") -> dict[str, Any] | None:
     if world > 1:
         started = {r for r in range(world) if pid_path(res, r).exists()}
         silent = sorted(r for r in range(world) if bodies[r] is None and (r in started or not started))
-        if silent and (failed or len(silent) < world):
-            codes = {int(r): int(c) for r, c in _TORCHRUN_FAILURE.findall(log_text)}
+        codes = {int(r): int(c) for r, c in _TORCHRUN_FAILURE.findall(log_text)}
+        root = _TORCHRUN_FAILURE.search(log_text, max(log_text.find("Root Cause"), 0))  # torchrun's first failure
+        if root and int(root.group(1)) in silent:
+            r = int(root.group(1))
+        elif silent and (failed or len(silent) < world):
             r = silent[0]
+        else:
+            r = None
+        if r is not None:
             how = f"exit code {codes[r]}" if r in codes else "no exit code reported"
             return {"ok": False, "rank": r, "transient": False, "error": f"rank {r} ended without a result ({how}); "
                     "the other ranks' errors follow from it", "hint": "see the worker log for its output"}
