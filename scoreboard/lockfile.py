@@ -12,10 +12,10 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 import tomlkit
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError, LockError
 from .slots import slot_name
@@ -28,7 +28,20 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a number written as a string (kl_max = "0.001") or a float where an int belongs
+    # (blocks = 4.0) is a typo to fix, not a value to coerce; an int where a float belongs is fine
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+_T = TypeVar("_T")
+
+
+def _as_tuple(v: Any) -> Any:
+    """TOML arrays (and receipts' JSON arrays) arrive as lists; strict tuples take them element-strictly."""
+    return tuple(v) if isinstance(v, list) else v
+
+
+Tuple = Annotated[tuple[_T, ...], BeforeValidator(_as_tuple)]
 
 
 def _check_sha(value: str, pattern: re.Pattern[str], what: str, allow_empty: bool = False) -> str:
@@ -46,7 +59,7 @@ class GitReference(_Model):
     ref: str
     commit: str
     base_commit: str
-    cmake_flags: tuple[str, ...] = ()
+    cmake_flags: Tuple[str] = ()
 
     @field_validator("commit", "base_commit")
     @classmethod
@@ -64,7 +77,7 @@ class SdistReference(_Model):
     sha256: str
     subdir: str
     upstream: str = ""  # informational, e.g. "ggml-org/llama.cpp@0c1e57098"
-    cmake_flags: tuple[str, ...] = ()
+    cmake_flags: Tuple[str] = ()
 
     @field_validator("sha256")
     @classmethod
@@ -100,7 +113,7 @@ class Weights(_Model):
     spec: str = ""  # generated weights: the preset name
     seed: int | None = None  # generated weights: the seed
     quant: str = ""  # the quantization the files hold
-    files: tuple[WeightFile, ...] = Field(min_length=1)
+    files: Tuple[WeightFile] = Field(min_length=1)
 
     @field_validator("revision")
     @classmethod
@@ -145,7 +158,7 @@ class Metric(_Model):
 
 
 class GatePolicy(_Model):
-    depths: tuple[int, ...] = Field(min_length=1)
+    depths: Tuple[int] = Field(min_length=1)
     rows_per_depth: int = Field(ge=1)
     top1_min: float = Field(ge=0, le=1)
     kl_max: float = Field(gt=0)  # nats, mean KL(ref||cand) per depth
@@ -225,7 +238,7 @@ class Target(_Model):
     candidate_engine: str
     device: Literal["cpu", "cuda"]
     geometry: dict[str, int]
-    metrics: tuple[Metric, ...] = Field(min_length=1)
+    metrics: Tuple[Metric] = Field(min_length=1)
     gate: GatePolicy
     tiers: TierPolicy
     speed: SpeedPolicy
@@ -323,6 +336,32 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+_TYPE_WORDS = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",
+               "string_type": "a string", "tuple_type": "an array", "dict_type": "a table"}
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _type_problem(err: dict[str, Any], path: str) -> str:
+    """A strict-typing error with the value as written and the fix."""
+    want, got = _TYPE_WORDS[err["type"]], err.get("input")
+    key = path.rsplit(".", 1)[-1]
+    msg = f"must be {want}, got {type(got).__name__} {got!r}"
+    if isinstance(got, str) and err["type"] in ("float_type", "int_type") and _numeric(got):
+        return msg + f" (write it without quotes: {key} = {got.strip()})"
+    if isinstance(got, float) and err["type"] == "int_type" and got.is_integer():
+        return msg + f" (write a whole number: {key} = {int(got)})"
+    if isinstance(got, bool):
+        return msg + " (true/false is not a number)"
+    return msg
+
+
 def _pydantic_problems(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors():
@@ -332,6 +371,8 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
             msg = msg[len("Value error, "):]
         if err["type"] == "missing":
             msg = "required key is missing"
+        elif err["type"] in _TYPE_WORDS:
+            msg = _type_problem(err, path)
         elif err["type"] == "extra_forbidden":
             msg = "unknown key (remove it or check its spelling)"
         elif err["type"] == "union_tag_invalid":
@@ -418,7 +459,7 @@ def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
         raise LockError([f"schema: must be an integer, got {schema!r}"], path)
     if schema != SCHEMA_MAJOR:
         raise LockError([f"schema: unknown major version {schema}; this scoreboard reads schema {SCHEMA_MAJOR}"],
-                        path, hint="upgrade scoreboard (`pip install -U scoreboard`) or use a lock of schema 1")
+                        path, hint="update your scoreboard checkout (`git pull && pip install -e .`) or use a lock of schema 1")
     names = _name_problems(data)
     try:
         lock = Lock.model_validate(data)
@@ -434,7 +475,12 @@ def load_lock(path: str | os.PathLike[str] = DEFAULT_LOCK) -> Lock:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: lock file not found", "run from the repository root or pass --lock PATH")
-    return parse_lock(p.read_text(encoding="utf-8"), str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise LockError([f"not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})"], str(p),
+                        hint=f"save {p} as UTF-8 (TOML files are UTF-8), then `scoreboard verify`") from None
+    return parse_lock(text, str(p))
 
 
 def lock_digest(path: str | os.PathLike[str]) -> str:

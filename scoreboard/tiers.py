@@ -273,7 +273,7 @@ def check_format(receipt: Mapping[str, Any]) -> None:
     version = str(_field(receipt, "format_version", ""))
     if version.split(".")[0] != RECEIPT_MAJOR:
         raise InputError(f"receipt format_version {version!r}: unknown major version; this scoreboard reads "
-                         f"{RECEIPT_MAJOR}.x", "upgrade scoreboard (`pip install -U scoreboard`)")
+                         f"{RECEIPT_MAJOR}.x", "update your scoreboard checkout (`git pull && pip install -e .`)")
 
 
 def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool, list[str], bool]:

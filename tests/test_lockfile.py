@@ -102,14 +102,38 @@ def test_missing_required_key():
 def test_wrong_type():
     text = GOOD.replace("rows_per_depth = 8", 'rows_per_depth = "eight"')
     assert problems(text) == [
-        "targets.t.gate.rows_per_depth: Input should be a valid integer, unable to parse string as an integer"]
+        "targets.t.gate.rows_per_depth: must be an integer, got str 'eight'"]
+
+
+@pytest.mark.parametrize("old,new,problem", [
+    ("kl_max = 0.05", 'kl_max = "0.001"',
+     "targets.t.gate.kl_max: must be a number, got str '0.001' (write it without quotes: kl_max = 0.001)"),
+    ("blocks = 4", "blocks = 4.0",
+     "targets.t.speed.blocks: must be an integer, got float 4.0 (write a whole number: blocks = 4)"),
+    ("rows_per_depth = 8", "rows_per_depth = true",
+     "targets.t.gate.rows_per_depth: must be an integer, got bool True (true/false is not a number)"),
+])
+def test_the_lock_is_strictly_typed(old, new, problem):
+    """No coercion: a quoted number or a float where an integer belongs is a typo, named with its fix."""
+    assert old in GOOD
+    assert problems(GOOD.replace(old, new)) == [problem]
+
+
+def test_a_lock_that_is_not_utf8_is_a_lock_error(tmp_path):
+    from scoreboard.lockfile import load_lock
+
+    p = tmp_path / "reference.lock"
+    p.write_bytes(GOOD.encode("utf-8") + b"# caf\xe9 (latin-1)\n")
+    with pytest.raises(LockError) as info:
+        load_lock(p)
+    assert "not UTF-8" in info.value.message and "save" in info.value.hint
 
 
 def test_unknown_schema_major():
     with pytest.raises(LockError) as info:
         parse_lock(GOOD.replace("schema = 1", "schema = 2"))
     assert info.value.problems == ["schema: unknown major version 2; this scoreboard reads schema 1"]
-    assert "upgrade scoreboard" in info.value.hint
+    assert "update your scoreboard checkout" in info.value.hint and "pip install -U scoreboard" not in info.value.hint
 
 
 def test_frontier_without_provenance():

@@ -200,7 +200,7 @@ def test_transient_failure_is_retried_and_recorded(lock, tmp_path, monkeypatch):
 def test_bad_options_and_files_are_errors_with_nothing_written(lock, tmp_path):
     from scoreboard.errors import InputError
 
-    with pytest.raises(InputError, match="--blocks 1: must be at least 2"):
+    with pytest.raises(InputError, match="--blocks 1: must be at least 4"):
         run_round(_opts(lock, tmp_path, blocks=1))
     assert not (tmp_path / "rounds").exists()
     bad = tmp_path / "broken.json"

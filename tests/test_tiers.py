@@ -345,9 +345,16 @@ def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def _sealed(r: dict) -> dict:
+    """`tier --receipt` scores only sealed receipts: seal the golden case as a round would."""
+    from scoreboard.seal import make_seal
+
+    return {**r, "seal": make_seal(r, "")}
+
+
 def _write(tmp_path: Path, name: str, i: int = 0) -> Path:
     p = tmp_path / f"{name}-{i}.json"
-    p.write_text(json.dumps(_case(name, i)), encoding="utf-8")
+    p.write_text(json.dumps(_sealed(_case(name, i))), encoding="utf-8")
     return p
 
 
@@ -369,12 +376,31 @@ def test_cli_receipt_json_and_current_lock(tmp_path, monkeypatch, capsys, lock_p
 
 def test_cli_reports_a_recorded_verdict_that_the_data_does_not_support(tmp_path, monkeypatch, capsys):
     r = _case("hand_seeded_frontier", 0)
-    r["verdict"] = {"label": "XL"}
+    r["verdict"] = {"label": "XL"}  # sealed so (an older policy): scored, with the disagreement noted
     p = tmp_path / "r.json"
-    p.write_text(json.dumps(r), encoding="utf-8")
+    p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p))
     assert code == 0
     assert "the receipt records 'XL'; recomputed 'none'" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("how", ["edited", "unsealed"])
+def test_cli_refuses_an_edited_or_unsealed_receipt(tmp_path, monkeypatch, capsys, how):
+    """An edited sealed receipt (or one with its seal deleted) is reported as such, exit 2, no verdict."""
+    r = _sealed(_case("stale_frontier"))
+    if how == "edited":
+        r["verdict"] = {**(r.get("verdict") or {}), "label": "XL"}
+    else:
+        del r["seal"]
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(r), encoding="utf-8")
+    for extra in ([], ["--json"]):
+        code, out, err = _cli(monkeypatch, capsys, "--receipt", str(p), *extra)
+        text = " ".join(err.split())
+        assert code == 2
+        assert ("TAMPERED" if how == "edited" else "UNSEALED") in text
+        assert "verdict.label" in text if how == "edited" else "never sealed" in text
+        assert "XL" not in out and "M:" not in out  # no verdict rendered
 
 
 def test_cli_reject_exits_2(tmp_path, monkeypatch, capsys):
@@ -407,7 +433,7 @@ def test_cli_bad_input_exits_1(tmp_path, monkeypatch, capsys, lock_path, args, m
 
 
 def test_cli_unknown_receipt_major_exits_1(tmp_path, monkeypatch, capsys):
-    r = _case("stale_frontier")
+    r = _sealed(_case("stale_frontier"))
     r["format_version"] = "2.0"
     p = tmp_path / "r.json"
     p.write_text(json.dumps(r), encoding="utf-8")

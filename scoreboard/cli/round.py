@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -109,12 +108,10 @@ def show_cmd(
             raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else
                              f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
         path = matches[0]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a readable JSON receipt ({exc})", "run `scoreboard verify` to check history")
     from ..receipt import parse_receipt
+    from .sealed import load_sealed_receipt
 
+    data = load_sealed_receipt(path)  # the seal before anything is rendered: exit 2 when edited/unsealed
     receipt = parse_receipt(data, str(path)).model_dump(mode="json", by_alias=True)
     if json_out:
         print_json(receipt)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -18,15 +17,12 @@ _STYLE = {"REJECT": "bold red", "inconclusive": "yellow", "none": "white", "BASE
 
 
 def _read_receipt(path: Path) -> dict:
-    if not path.is_file():
-        raise InputError(f"{path}: receipt not found", "list sealed receipts with `ls rounds/*.json`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})",
-                         "pass a receipt written by `scoreboard round run`") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: a receipt is a JSON object")
+    from ..tiers import check_format
+    from .sealed import read_json_receipt, require_sealed
+
+    data = read_json_receipt(path)
+    check_format(data)  # an unknown major is not ours to judge (exit 1) ...
+    require_sealed(data, path)  # ... an edited or unsealed one is never scored as if measured (exit 2)
     return data
 
 

@@ -303,7 +303,8 @@ def plan_weights_pin(lock: Lock, name: str, revision: str, *, accept_file_set: b
     w = lock.weights[wid]
     if w.repo == "generated":
         raise InputError(f"weights.{wid} is generated locally, not a Hub pin",
-                         "generated weights are pinned by `scoreboard weights verify`")
+                         "generated weights are pinned by hand from `scoreboard weights generate SPEC --out DIR` (its sha256 "
+                         "column); `scoreboard weights verify T` then re-checks them")
     if not _SHA1.match(revision):
         raise InputError(f"--revision must be a full 40-hex Hub commit, got {revision!r}",
                          f"look it up on the Hub (https://huggingface.co/{w.repo}/commits/main) and pass the full SHA")

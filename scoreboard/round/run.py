@@ -137,19 +137,20 @@ class Round:
 
 
 def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
-    """Run a round end to end. Lock errors raise (nothing to record); later failures become receipts."""
-    for name, value, least in (("--blocks", opts.blocks, 2), ("--reps", opts.reps, 1)):
-        if value is not None and value < least:
-            raise InputError(f"{name} {value}: must be at least {least}",
-                             "paired confidence intervals need >= 2 blocks and >= 1 timed rep per block")
+    """Run a round end to end. Input errors raise before the receipt exists (nothing is written);
+    what the round observes once it has started becomes a sealed receipt (docs/receipt-format.md)."""
     lock = load_lock(opts.lock_path)
+    check_inputs(opts, lock)
+    opts.cache_dir.mkdir(parents=True, exist_ok=True)
+    # Resolving the candidate reads only the user's spec and the harness's own git repo: a typo here
+    # (a commit or branch that does not exist, a directory that is no checkout) is an input error, never
+    # an observation about the box, so it is refused before any receipt exists.
+    src = cand_mod.resolve(opts.candidate, opts.cache_dir)
+    main_src = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
     rnd = Round(opts, lock, report)
     r = rnd.receipt
-    opts.cache_dir.mkdir(parents=True, exist_ok=True)
+    rnd.source, rnd.main_source = src, main_src
     try:
-        src = rnd.stage("candidate", lambda: cand_mod.resolve(opts.candidate, opts.cache_dir))
-        rnd.source = src
-        rnd.main_source = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
         rnd.pre = rnd.stage("preflight", lambda: preflight(rnd))
         gate = GateStage(rnd)
         rnd.stage("gate", gate.run)
@@ -161,6 +162,52 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     except _Abort as ab:
         _mark_aborted(rnd, ab.stage, ab.exc)
     return _finish(rnd)
+
+
+def check_inputs(opts: RoundOptions, lock: Lock) -> None:
+    """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1).
+
+    Only facts that need no measurement belong here: the options, the target's names and engines, the
+    generated weights' file list, whether the weights can seal at all. What needs the box (hashing
+    shards, the node class, building the reference, running an engine) is observed by the round.
+    """
+    from .. import registry
+
+    t = lock.target(opts.target)
+    if opts.seed is not None and not 0 <= opts.seed < 2 ** 63:
+        raise InputError(f"--seed {opts.seed}: must be an integer from 0 to 2**63-1",
+                         "omit --seed for an unpredictable one, or pass e.g. --seed 7")
+    least_blocks = max(2, t.tiers.min_blocks)
+    for name, value, least, why in (
+            ("--blocks", opts.blocks, least_blocks,
+             f"target {opts.target}'s tier policy needs min_blocks = {t.tiers.min_blocks} paired blocks before "
+             "any verdict is more than inconclusive"),
+            ("--reps", opts.reps, 1, "every block needs at least one timed rep")):
+        if value is not None and value < least:
+            raise InputError(f"{name} {value}: must be at least {least} ({why})",
+                             f"pass {name} {least} or more, or omit it for the policy's default")
+    known = registry.available()
+    for field_name in ("reference_engine", "candidate_engine"):
+        engine = getattr(t, field_name)
+        if engine not in known:
+            raise InputError(f"targets.{opts.target}.{field_name}: unknown engine {engine!r} (registered: "
+                             f"{', '.join(known) or 'none'})", f"fix {field_name} in {opts.lock_path}, or install "
+                             "the engine's package (`scoreboard engines` lists what is registered)")
+    w = lock.weights[t.weights]
+    if w.repo == "generated":
+        from ..weights.generate import shard_names
+        from ..weights.presets import get_spec
+
+        want = shard_names(get_spec(w.spec))
+        have = [f.path for f in w.files]
+        if have != want:
+            raise InputError(f"weights.{t.weights}.files: spec {w.spec} writes {want}, the lock lists {have}",
+                             f"fix the file list in {opts.lock_path}")
+    if opts.seal and not w.fully_pinned:
+        raise InputError(f"target {opts.target}: weights {t.weights} are not fully pinned, so the round could "
+                         "not seal what it measures",
+                         f"pin them first: `scoreboard pin weights {opts.target} --revision <40-hex Hub commit>` "
+                         "(or run with --no-seal for an unsealed trial)")
 
 
 def _verdict(rnd: Round) -> None:
@@ -205,7 +252,9 @@ def _finish(rnd: Round) -> RoundOutcome:
     weights_pinned = bool(r.get("weights") and r["weights"].get("fully_pinned"))
     if rnd.opts.seal and not weights_pinned and r["status"] == "verdict":
         r["provenance"]["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
-    if rnd.opts.seal and (weights_pinned or r["status"] == "aborted"):
+    # An aborted round is sealed too, but never on weights that cannot seal (check_inputs refuses those)
+    if rnd.opts.seal and rnd.lock.weights[rnd.target.weights].fully_pinned and \
+            (weights_pinned or r["status"] == "aborted"):
         rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
         path = write_receipt(r, rnd.opts.rounds_dir)
         if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
