@@ -180,7 +180,7 @@ def test_unpinned_weights_exit_0_then_pin_weights_makes_the_audit_clean(world, c
     rc, report, _ = audit(capsys, monkeypatch, world)
     assert rc == 0
     (f,) = [f for f in report["findings"] if f["kind"] == "unpinned"]
-    assert f["action"] == f"review the upload, then `scoreboard pin weights t-hub --revision {world.hub.rev}`"
+    assert f["action"] == f"review the upload, then `scoreboard pin weights --target t-hub --revision {world.hub.rev}`"
 
     before = lock.read_text()
     rc, out, _ = scoreboard(capsys, monkeypatch, "pin", "weights", "t-hub", "--revision", world.hub.rev,

@@ -64,7 +64,7 @@ def test_reuploaded_shard_with_a_new_hash_is_drift(hub):
     assert f.kind == "drift" and f.subject == f"{p} sha256"
     assert (f.was, f.now) == (hashlib.sha256(hub.files[p]).hexdigest(), hashlib.sha256(new).hexdigest())
     assert "re-uploaded shard" in f.message
-    assert "`scoreboard pin weights t --revision <sha>`" in f.action and "re-measure" in f.action
+    assert "`scoreboard pin weights --target t --revision <sha>`" in f.action and "re-measure" in f.action
 
 
 def test_changed_size_is_drift(hub):
@@ -160,7 +160,7 @@ def test_unpinned_weights_are_reported_with_the_command_to_pin_them(hub):
     (f,) = check(hub, w)
     assert f.kind == "unpinned"
     assert f"The Hub's main is at {hub.rev}" in f.message
-    assert f.action == f"review the upload, then `scoreboard pin weights t --revision {hub.rev}`"
+    assert f.action == f"review the upload, then `scoreboard pin weights --target t --revision {hub.rev}`"
     hub.faults["model"] = Fault(status=500)  # the hint's look-up failing does not turn unpinned into an error
     (f,) = check(hub, w)
     assert f.kind == "unpinned" and "Could not look up" in f.message and "<sha>" in f.action

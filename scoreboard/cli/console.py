@@ -14,3 +14,19 @@ err_console = Console(stderr=True, soft_wrap=True)  # never break a path or a co
 def print_json(data: Any) -> None:
     """Machine-readable output for `--json`: plain JSON on stdout, nothing else."""
     print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def pick_target(option: str | None, positional: str | None, command: str) -> str:
+    """One convention: the target is the `--target/-t` option in every command. The old positional form
+    still works for the commands that had it, with a deprecation note on stderr (stdout stays clean)."""
+    from ..errors import InputError
+
+    if option and positional and option != positional:
+        raise InputError(f"target given twice: --target {option} and {positional}", f"pass only --target {option}")
+    if positional and not option:
+        err_console.print(f"[yellow]deprecated:[/] `scoreboard {command} {positional}`; use "
+                          f"`scoreboard {command} --target {positional}`", highlight=False)
+    target = option or positional
+    if not target:
+        raise InputError("--target is required", f"scoreboard {command} --target <target id in reference.lock>")
+    return target

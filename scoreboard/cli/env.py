@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from .. import environment
+from ..errors import ScoreboardError
 from ..lockfile import load_lock
 from .console import console, print_json
 
@@ -26,6 +27,7 @@ def command(
         mismatches = environment.node_mismatches(fp, lk.nodes[t.node])
     if json_out:
         print_json({"fingerprint": fp, "node_mismatches": mismatches})
+        _refuse(target, mismatches)
         return
     table = Table(title="environment fingerprint", show_header=False)
     cpu, gpu = fp.get("cpu", {}), fp.get("gpu", {})
@@ -46,3 +48,11 @@ def command(
                 console.print(f"[red]mismatch[/] {m}")
         else:
             console.print(f"[green]matches[/] node class of {target}")
+    _refuse(target, mismatches)
+
+
+def _refuse(target: str | None, mismatches: list[str]) -> None:
+    """A box that is not the target's node class cannot run it: an error (exit 1), as `round run` says."""
+    if target and mismatches:
+        raise ScoreboardError(f"this box is not of target {target}'s node class ({len(mismatches)} mismatch(es))",
+                              "run the target on a box of its node class (see the mismatches above)")

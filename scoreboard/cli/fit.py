@@ -9,11 +9,12 @@ from rich.table import Table
 
 from ..fit import check_fit, fit_budget
 from ..lockfile import load_lock
-from .console import console, print_json
+from .console import console, pick_target, print_json
 
 
 def command(
-    target: str = typer.Argument(..., help="target id in the lock, e.g. kimi-k3-h200x8-iq1s"),
+    target_arg: str = typer.Argument(None, metavar="[TARGET]", help="deprecated positional form of --target"),
+    target: str = typer.Option(None, "--target", "-t", help="target id in the lock, e.g. kimi-k3-h200x8-iq1s"),
     ctx: int = typer.Option(0, "--ctx", help="price the KV cache at this many tokens (default: the target's n_ctx)"),
     ranks: int = typer.Option(None, "--ranks", help="what-if: number of ranks (default: devices present, else node)"),
     usable_gib: float = typer.Option(None, "--usable-gib", help="what-if: usable GiB per rank"),
@@ -24,6 +25,7 @@ def command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Per-rank memory budget: weights (sharded + replicated), KV at the context, KDA state, scratch."""
+    target = pick_target(target, target_arg, "fit")
     rep = fit_budget(load_lock(lock), target, n_ctx=ctx or None, ranks=ranks, usable_gib=usable_gib,
                      detect=not node_class, weights_dir=dir)
     if json_out:

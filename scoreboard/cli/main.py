@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Optional
 
 import typer
 
+from .. import __version__
 from ..errors import ScoreboardError
 from .console import err_console
 
@@ -24,20 +26,54 @@ COMMANDS: list[tuple[str, str]] = [
     ("pin", "pin"),
     ("weights", "weights"),
     ("fit", "fit"),
+    ("report", "report"),
 ]
+
+EXIT_CODES = """Exit codes (every command): 0 ok; 1 error or refused input (nothing written); 2 a verdict-level
+failure: REJECT, pin drift, a tampered/unsealed receipt or a `verify` finding."""
 
 app = typer.Typer(
     name="scoreboard",
     help="Sealed-round benchmark and scoreboard harness for LLM inference engines.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    epilog=EXIT_CODES,
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"scoreboard {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: Optional[bool] = typer.Option(None, "--version", callback=_show_version, is_eager=True,
+                                                 help="print the version and exit")) -> None:
     """Sealed-round benchmark and scoreboard harness for LLM inference engines."""
+
+
+def _flags_without_metavar() -> None:
+    """This typer's rich help prints `--json <bool>` as if a flag took a value; a flag shows no metavar."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - another typer layout: leave its help alone
+        return
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_scoreboard", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return original(self, ctx)
+
+    display_type_rich._scoreboard = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_metavar()
 
 
 def _register() -> None:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .console import console
+from .console import console, pick_target
 
 def say(text: str) -> None:
     console.print(text, highlight=False, markup=False, soft_wrap=True)
@@ -19,7 +19,8 @@ app = typer.Typer(help="Record external pins in reference.lock (a deliberate, re
 
 @app.command("weights")
 def weights(
-    target: str = typer.Argument(..., help="target id (or weights id) whose weights to pin"),
+    target_arg: str = typer.Argument(None, metavar="[TARGET]", help="deprecated positional form of --target"),
+    target: str = typer.Option(None, "--target", "-t", help="target id (or weights id) whose weights to pin"),
     revision: str = typer.Option(..., "--revision", help="the Hub commit (40 hex) to pin"),
     accept_file_set: bool = typer.Option(False, "--accept-file-set",
                                          help="take the Hub's file set when it differs from the lock's paths"),
@@ -32,6 +33,8 @@ def weights(
     """Record every file's size and LFS sha256 at REVISION from the Hub's metadata (nothing is downloaded)."""
     from ..lockfile import load_lock
     from ..pins import human_bytes
+
+    target = pick_target(target, target_arg, "pin weights")
     from ..pins.hub import apply_weights_pin, plan_weights_pin, resolve_weights_id
 
     lk = load_lock(lock)

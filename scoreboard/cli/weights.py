@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..lockfile import load_lock
-from .console import console, err_console, print_json
+from .console import console, err_console, pick_target, print_json
 
 app = typer.Typer(help="Model weights: generate presets, verify shard hashes.", no_args_is_help=True)
 
@@ -46,15 +46,18 @@ def generate(
 
 @app.command()
 def verify(
-    target: str = typer.Argument(..., help="target id in the lock (its weights are checked), or a weights id"),
+    target_arg: str = typer.Argument(None, metavar="[TARGET]", help="deprecated positional form of --target"),
+    target: str = typer.Option(None, "--target", "-t",
+                               help="target id in the lock (its weights are checked), or a weights id"),
     dir: Path = typer.Option(None, "--dir", help="directory holding the shards (default: the scoreboard cache)"),
     lock: str = typer.Option("reference.lock", "--lock", help="path of reference.lock"),
-    workers: int = typer.Option(0, "--workers", help="hashing threads (0 = one per shard, up to the cores)"),
+    workers: int = typer.Option(0, "--workers", min=0, help="hashing threads (0 = one per shard, up to the cores)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Re-hash every shard of a target's weights in parallel; refuse on any mismatch, naming the shard."""
     from ..weights.verify import verify_weights, weights_dir
 
+    target = pick_target(target, target_arg, "weights verify")
     lk = load_lock(lock)
     if target in lk.targets:
         weights_id = lk.targets[target].weights
@@ -79,5 +82,5 @@ def verify(
     n = len(rep.paths)
     if rep.unpinned:
         err_console.print(f"[yellow]warning:[/] {len(rep.unpinned)} of {n} shard(s) of {weights_id} are not pinned: "
-                          f"the target can run but cannot seal. next: `scoreboard pin weights {target}`")
+                          f"the target can run but cannot seal. next: `scoreboard pin weights --target {target} --revision <sha>`")
     console.print(f"[green]ok[/]: {n - len(rep.unpinned)} of {n} shard(s) of {weights_id} match the lock ({root})")

@@ -267,7 +267,7 @@ def read_header(first_shard: Path) -> GGUFHeader:
     missing = [str(p) for p in shards if not p.is_file()]
     if missing:
         raise InputError(f"missing shard(s): {', '.join(missing)}",
-                         "regenerate or re-download the weights (`scoreboard weights verify <target>` names them)")
+                         "regenerate or re-download the weights (`scoreboard weights verify --target <target>` names them)")
     kv: dict[str, Any] = {}
     n_tokens = 0
     shapes: dict[str, tuple[int, ...]] = {}

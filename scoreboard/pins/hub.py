@@ -189,7 +189,7 @@ def check_weights(wid: str, w: Weights, *, endpoint: str | None = None, timeout:
         return [Finding("ok", pin, f"generated {w.spec} seed {w.seed}", GENERATED_NOTE, "", "", "", targets)]
     if not w.fully_pinned:
         return [_unpinned(pin, who, w, endpoint, timeout, targets)]
-    repin = (f"review the Hub's change, then re-pin deliberately with `scoreboard pin weights {who} --revision "
+    repin = (f"review the Hub's change, then re-pin deliberately with `scoreboard pin weights --target {who} --revision "
              f"<sha>` and re-measure every baseline on these weights")
     try:
         m = read_manifest(w.repo, w.revision, quant_dirs(w), [f.path for f in w.files],
@@ -217,7 +217,7 @@ def _unpinned(pin: str, who: str, w: Weights, endpoint: str | None, timeout: flo
     return Finding("unpinned", pin, f"{w.repo} {w.quant}".strip(),
                    f"{n} of {len(w.files)} file(s) have no size/sha256 pinned"
                    + ("" if w.revision else " and no revision") + f": the target can run but cannot seal.{note}",
-                   f"review the upload, then `scoreboard pin weights {who} --revision {sha or '<sha>'}`",
+                   f"review the upload, then `scoreboard pin weights --target {who} --revision {sha or '<sha>'}`",
                    w.revision, "", targets)
 
 
@@ -304,7 +304,7 @@ def plan_weights_pin(lock: Lock, name: str, revision: str, *, accept_file_set: b
     if w.repo == "generated":
         raise InputError(f"weights.{wid} is generated locally, not a Hub pin",
                          "generated weights are pinned by hand from `scoreboard weights generate SPEC --out DIR` (its sha256 "
-                         "column); `scoreboard weights verify T` then re-checks them")
+                         "column); `scoreboard weights verify --target T` then re-checks them")
     if not _SHA1.match(revision):
         raise InputError(f"--revision must be a full 40-hex Hub commit, got {revision!r}",
                          f"look it up on the Hub (https://huggingface.co/{w.repo}/commits/main) and pass the full SHA")

@@ -206,7 +206,7 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
     if opts.seal and not w.fully_pinned:
         raise InputError(f"target {opts.target}: weights {t.weights} are not fully pinned, so the round could "
                          "not seal what it measures",
-                         f"pin them first: `scoreboard pin weights {opts.target} --revision <40-hex Hub commit>` "
+                         f"pin them first: `scoreboard pin weights --target {opts.target} --revision <40-hex Hub commit>` "
                          "(or run with --no-seal for an unsealed trial)")
 
 
