@@ -200,6 +200,9 @@ class SpeedPolicy(_Model):
     reps: int = Field(ge=1)  # reps per arm per block
     blocks: int = Field(ge=2)  # interleaved blocks (each a fresh engine process)
     timeout_s: float = Field(gt=0)
+    # warn when the reference arm lands more than this fraction away from its own baseline slot: the box is
+    # not what it was (load, thermal state, another tenant), so every ratio measured on it is suspect
+    reference_drift_max: float = Field(default=0.25, gt=0)
 
 
 class FitPolicy(_Model):

@@ -212,19 +212,26 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
                    _explain(label, speed_label, scored, policy, fails, claim), claim)
 
 
+# One estimator, one name, wherever a number is shown (round show, tier, the report, the explanation):
+# an arm's value is the geometric mean over blocks of each block's median rep throughput.
+ESTIMATOR = "geomean of block medians"
+POOLED_MEDIAN = "median of all reps"  # descriptive only; never scored
+
 _BASIS_WORDS = {"main-same-round": "main measured in the same round on the same box",
                 "frontier-slot": "the pinned frontier slot", "none": "no basis"}
 
 
 def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool) -> str:
     kind = "claimed, not measured: " if claim else ""
-    head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
+    head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}" + ("" if claim else f" ({ESTIMATOR})")
     if ev.basis == "none":
         body = (f"{head}, and there is no frontier yet, so it is the BASELINE the next rounds are scored "
                 "against.")
     else:
         g, ci = ev.gain, ev.gain_ci
-        body = f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}, a gain of {_pct(g)}"
+        body = (f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}"
+                + (f" (same estimator)" if ev.basis == "main-same-round" and not claim else "")
+                + f", a gain of {_pct(g)}")
         if ci is not None:
             body += (f" ({policy.confidence * 100:.0f}% CI {_pct(ci[0])} to {_pct(ci[1])} over "
                      f"{ev.ratio.n_blocks} blocks)")

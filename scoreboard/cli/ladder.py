@@ -1,4 +1,4 @@
-"""`scoreboard ladder`: the frontier history from the ledger, with compounding arithmetic and a plot."""
+"""`scoreboard ladder`: the frontier history per slot, with each step's tier, compounding per slot, a plot."""
 
 from __future__ import annotations
 
@@ -7,35 +7,49 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ..ladder import compounding, ladder_steps, write_svg
-from ..ledger import read_ledger
+from ..errors import InputError, NonCompliant
+from ..ladder import compounding, ladder_from_history, write_svg
 from .console import console, print_json
 
 
 def command(
     target: str = typer.Option(None, "--target", "-t", help="only this target"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
-    plot: Path = typer.Option(Path("ladder.svg"), "--plot", help="SVG file to write the plot to"),
+    plot: Path = typer.Option(Path("ladder.svg"), "--plot", metavar="FILE",
+                              help="SVG file to write the plot to (one panel per slot)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Frontier history from the ledger: table, compounding (product, geometric mean per step), SVG plot."""
-    steps = ladder_steps(read_ledger(rounds), target)
+    """Frontier history per slot: tier of each step, compounding per slot (never across slots), SVG plot.
+
+    Exit 2 when a step's receipt is missing, unsealed or edited (the step is shown as UNVERIFIED)."""
+    if not json_out and not plot.parent.is_dir():
+        raise InputError(f"--plot {plot}: directory {plot.parent} not found", "create it or pick another path")
+    steps = ladder_from_history(rounds, target)
     comp = compounding(steps)
+    bad = sorted({s.receipt_problem for s in steps if s.receipt_problem})
     if json_out:
-        print_json({"steps": [s.__dict__ | {"ratio": s.ratio} for s in steps], "compounding": comp})
-        return
-    if not steps:
+        print_json({"steps": [s.as_dict() for s in steps], "compounding": {k: c.as_dict() for k, c in comp.items()},
+                    "unverified": bad})
+    elif not steps:
         console.print("no frontier has moved yet (next: `scoreboard round run` on main sets the BASELINE)")
-        return
-    t = Table(title="frontier ladder")
-    for col in ("date", "round", "slot", "commit", "before", "after", "step"):
-        t.add_column(col)
-    for s in steps:
-        t.add_row(s.date, s.round_id, s.slot, s.commit[:12], f"{s.before:.4g}", f"{s.after:.4g}",
-                  "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}" + (" (lowered)" if s.kind == "frontier-lower" else ""))
-    console.print(t)
-    if comp["total_ratio"] is not None:
-        console.print(f"compounded: x{comp['total_ratio']:.4f} over {comp['steps']} step(s); "
-                      f"geometric mean per step x{comp['geomean_step']:.4f}")
-    out = write_svg(steps, plot, f"frontier ladder{' - ' + target if target else ''}")
-    console.print(f"plot: {out}")
+    else:
+        for slot, c in comp.items():
+            t = Table(title=f"{slot}", title_justify="left")
+            for col in ("date", "round", "commit", "tier", "before", "after", "step", "reference (same round)"):
+                t.add_column(col)
+            for s in (s for s in steps if s.slot == slot):
+                step = "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
+                t.add_row(s.date, s.round_id, s.commit[:12], "[red]UNVERIFIED[/]" if s.receipt_problem else s.tier,
+                          f"{s.before:.4g}", f"{s.after:.4g}",
+                          step + (" (lowered)" if s.kind == "frontier-lower" else ""),
+                          "-" if s.reference is None else f"{s.reference:.4g}")
+            console.print(t)
+            if c.total_ratio is not None:
+                console.print(f"  compounded x{c.total_ratio:.4f} ({c.first:.4g} -> {c.last:.4g} tok/s) over "
+                              f"{c.steps} step(s) after the BASELINE; geometric mean per step "
+                              f"x{c.geomean_step:.4f} over those {c.steps}", highlight=False)
+        out = write_svg(steps, plot, f"frontier ladder{' - ' + target if target else ''}")
+        console.print(f"plot: {out}")
+    if bad:
+        raise NonCompliant("ladder steps backed by receipts that do not verify: " + "; ".join(bad),
+                           "run `scoreboard verify` and restore the named receipts from git")

@@ -118,6 +118,10 @@ def run_cmd(
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir())
+    from ..drift import reference_drift
+    from ..lockfile import load_lock
+
+    before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
     reporter = RichReporter()
     try:
         outcome = run_round(opts, reporter)
@@ -128,10 +132,13 @@ def run_cmd(
         raise typer.Exit(130) from None
     finally:
         reporter.close()  # a live progress bar must not swallow the interrupt/error message
+    drift = reference_drift(outcome.receipt, None, before)
     if json_out:
         print_json(outcome.receipt)
+        for w in drift:
+            err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
     else:
-        render(outcome.receipt)
+        render(outcome.receipt, drift)
         if outcome.path:
             console.print(f"receipt: {outcome.path}")
         elif seal and outcome.receipt["status"] == "verdict":
@@ -147,6 +154,8 @@ def run_cmd(
 def show_cmd(
     round_id: str = typer.Argument(..., help="round id, or a path to a receipt file"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts directory"),
+    lock: Path = typer.Option(Path("reference.lock"), "--lock",
+                              help="baseline slots for the reference-drift warning (skipped when absent)"),
     json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON"),
 ) -> None:
     """Render a receipt: gate per depth, speed per metric, verdict and its explanation."""
@@ -165,10 +174,24 @@ def show_cmd(
     if json_out:
         print_json(receipt)
         return
-    render(receipt)
+    render(receipt, _drift_vs_lock(receipt, lock))
 
 
-def render(r: dict[str, Any]) -> None:
+def _drift_vs_lock(receipt: dict[str, Any], lock: Path) -> list[str]:
+    """The reference arm against the lock's baseline slots (when the lock is there and loads)."""
+    from ..drift import reference_drift
+    from ..errors import ScoreboardError
+    from ..lockfile import load_lock
+
+    if not lock.is_file():
+        return []
+    try:
+        return reference_drift(receipt, load_lock(lock))
+    except ScoreboardError:
+        return []
+
+
+def render(r: dict[str, Any], drift: list[str] | None = None) -> None:
     console.print(f"[bold]round[/] {r['round_id']}  target [bold]{r['target']}[/]  seed {r['seed']}  "
                   f"candidate {r['candidate']['label']} {r['candidate']['commit'][:12]}"
                   f"{' (dirty)' if r['candidate'].get('dirty') else ''}")
@@ -193,6 +216,8 @@ def render(r: dict[str, Any]) -> None:
                           f"{g['top1_vs_reference']:.3f} of positions")
     if r.get("speed"):
         _speed_table(r)
+        for w in drift or []:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)
     _memory(r.get("environment") or {})
     v = r.get("verdict") or {}
     color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(v.get("label"), "green")
@@ -220,8 +245,12 @@ def _speed_table(r: dict[str, Any]) -> None:
     from ..tiers import summarize_speed
 
     target = Target.model_validate(r["lock_target"])
-    t = Table(title=f"speed ({r['speed'].get('blocks', '?')} interleaved blocks, tok/s from raw ns)")
-    for col in ("metric", "role", "arm", "median", "MAD", "CV", "reps", "cand/ref ratio [95% CI]"):
+    from ..tiers import ESTIMATOR, POOLED_MEDIAN
+
+    t = Table(title=f"speed ({r['speed'].get('blocks', '?')} interleaved blocks, tok/s from raw ns; value = "
+                    f"{ESTIMATOR}, the verdict's estimator)")
+    for col in ("metric", "role", "arm", f"value ({ESTIMATOR})", POOLED_MEDIAN, "MAD", "CV", "reps",
+                "candidate/reference, same round [95% CI]"):
         t.add_column(col, justify="right")
     for ms in summarize_speed(r, target):
         first = True
@@ -230,7 +259,7 @@ def _speed_table(r: dict[str, Any]) -> None:
             if first and ms.vs_reference is not None:
                 c = ms.vs_reference
                 ci = f"{c.point:.3f} [{c.low:.3f}, {c.high:.3f}]"
-            t.add_row(ms.name if first else "", ms.role if first else "", arm, f"{st.median:.2f}",
+            t.add_row(ms.name if first else "", ms.role if first else "", arm, f"{st.value:.2f}", f"{st.median:.2f}",
                       f"{st.mad:.2f}", f"{st.cv:.1%}", str(st.n), ci)
             first = False
     console.print(t)

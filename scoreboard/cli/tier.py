@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..lockfile import DEFAULT_LOCK, load_lock
-from ..tiers import Verdict, receipt_target, score_claim, summarize_speed, verdict_from_receipt
+from ..tiers import ESTIMATOR, POOLED_MEDIAN, Verdict, receipt_target, score_claim, summarize_speed, verdict_from_receipt
 from .console import console, print_json
 
 _STYLE = {"REJECT": "bold red", "inconclusive": "yellow", "none": "white", "BASELINE": "cyan"}
@@ -38,14 +38,14 @@ def _show(v: Verdict) -> None:
 def _speed_table(receipt: dict, target) -> None:
     for s in summarize_speed(receipt, target):
         table = Table(title=f"{s.name} ({s.role})", title_justify="left")
-        for col in ("arm", "value tok/s", "median", "MAD", "CV", "reps"):
+        for col in ("arm", f"value tok/s ({ESTIMATOR})", POOLED_MEDIAN, "MAD", "CV", "reps"):
             table.add_column(col, justify="left" if col == "arm" else "right")
         for arm, a in s.arms.items():
             table.add_row(arm, f"{a.value:.4g}", f"{a.median:.4g}", f"{a.mad:.3g}", f"{a.cv * 100:.2f}%", str(a.n))
         console.print(table)
         if s.vs_reference is not None:
             r = s.vs_reference
-            console.print(f"  candidate/reference {r.point:.4f} ({r.confidence * 100:.0f}% CI {r.low:.4f}-{r.high:.4f},"
+            console.print(f"  candidate/reference (same round, paired blocks) {r.point:.4f} ({r.confidence * 100:.0f}% CI {r.low:.4f}-{r.high:.4f},"
                           f" {r.n_blocks} blocks)", highlight=False)
 
 

@@ -1,0 +1,236 @@
+"""A self-contained static HTML page of the history: the page a team links from a PR.
+
+Contents: which receipts verified (seal per receipt, plus `scoreboard verify`'s findings when a lock is
+given), the ladder per slot (inline SVG) with its compounding, and every round: the gate table, the speed
+per metric and arm with every block's value, the verdict with its explanation. No scripts, no external
+resources: one file that renders the same anywhere. A receipt whose seal does not hold is shown as
+UNSEALED/TAMPERED and its verdict is not rendered.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .ladder import Step, compounding, ladder_from_history, slot_panel_svg
+from .records import receipt_files
+from .seal import check_seal, check_signature
+
+_CSS = """
+body{font-family:"DejaVu Sans",Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff;
+line-height:1.4;font-size:14px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bottom:2px solid #1f5fa8}
+h3{font-size:16px;margin:18px 0 6px}
+table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
+th,td{border:1px solid #c8c8c8;padding:3px 8px;text-align:right;vertical-align:top}
+th{background:#eef2f7}td.l,th.l{text-align:left}
+.ok{color:#17703a;font-weight:bold}.bad{color:#b3261e;font-weight:bold}.warn{color:#8a5a00;font-weight:bold}
+.card{border:1px solid #c8c8c8;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fcfcfd}
+.card.tampered{border:3px solid #b3261e;background:#fff4f3}
+.label{display:inline-block;padding:1px 10px;border-radius:10px;background:#1f5fa8;color:#fff;font-weight:bold}
+.label.REJECT,.label.TAMPERED,.label.UNSEALED{background:#b3261e}.label.inconclusive{background:#8a5a00}
+.label.none{background:#666}.label.BASELINE{background:#0b7a75}.label.aborted{background:#555}
+.mono{font-family:"DejaVu Sans Mono",monospace;font-size:12px}.dim{color:#555}
+.samples{font-family:"DejaVu Sans Mono",monospace;font-size:12px;text-align:left}
+svg{max-width:100%;height:auto;border:1px solid #ddd;margin:4px 0}
+"""
+
+
+@dataclass
+class RoundView:
+    path: Path
+    data: dict[str, Any] | None
+    seal: str  # "sealed" | "UNSEALED" | "TAMPERED" | "UNREADABLE"
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    html: str
+    rounds: list[RoundView]
+    steps: list[Step]
+    verify_problems: list[str]
+
+    @property
+    def unverified(self) -> list[RoundView]:
+        return [r for r in self.rounds if r.seal != "sealed"]
+
+
+def _load(path: Path) -> RoundView:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return RoundView(path, None, "UNREADABLE", [str(exc)])
+    if not isinstance(data, dict):
+        return RoundView(path, None, "UNREADABLE", ["not a JSON object"])
+    problems = check_seal(data) or check_signature(data)
+    if problems:
+        kind = "UNSEALED" if problems[0][0] == "seal" else "TAMPERED"
+        return RoundView(path, data, kind, [f"{f}: {m}" for f, m in problems])
+    return RoundView(path, data, "sealed")
+
+
+def _t(*cells: Any, head: bool = False, left: int = 0) -> str:
+    tag = "th" if head else "td"
+    return "<tr>" + "".join(f'<{tag}{" class=l" if i < left else ""}>{c}</{tag}>' for i, c in enumerate(cells)) \
+        + "</tr>"
+
+
+def _gate(gate: dict[str, Any] | None) -> str:
+    if not gate:
+        return '<p class="dim">no gate statistics (the round stopped before the gate finished)</p>'
+    rows = [_t("depth", "rows", "KL mean (nats)", "KL p99", "KL max", "top-1", "ratchet basis", "pass", head=True)]
+    for d in gate.get("depths", []):
+        base = d.get("ratchet_baseline")
+        rows.append(_t(d["depth"], d["rows"], f"{d['kl_mean']:.3g}", f"{d['kl_p99']:.3g}", f"{d['kl_max']:.3g}",
+                       f"{d['top1']:.4f}", "-" if base is None else f"{base:.3g}",
+                       '<span class="ok">yes</span>' if d.get("pass") else '<span class="bad">no</span>'))
+    greedy = "".join(f"<li>checked decode {escape(g['metric'])}: greedy tokens match the reference's argmax on "
+                     f"{g['top1_vs_reference']:.3f} of positions</li>" for g in gate.get("greedy_check", []))
+    return ("<table><caption class=l>correctness gate: KL(ref&#8214;cand), full vocabulary, float64</caption>"
+            + "".join(rows) + "</table>" + (f"<ul>{greedy}</ul>" if greedy else ""))
+
+
+def _speed(r: dict[str, Any]) -> str:
+    from .lockfile import Target
+    from .stats import block_value
+    from .tiers import ESTIMATOR, POOLED_MEDIAN, summarize_speed
+
+    if not r.get("speed"):
+        return ""
+    try:
+        target = Target.model_validate(r["lock_target"])
+        summary = {s.name: s for s in summarize_speed(r, target)}
+    except Exception as exc:  # a display must not die on an odd old receipt; say what failed instead
+        return f'<p class="bad">speed section could not be summarized: {escape(str(exc))}</p>'
+    out = [f"<p class=dim>value = {ESTIMATOR} (the estimator the verdict and the slots use), tok/s recomputed "
+           f"from raw ns; {POOLED_MEDIAN} is descriptive only. Ratio: candidate / reference over paired blocks of "
+           "this round.</p>"]
+    for m in r["speed"]["metrics"]:
+        name = f"{m['phase']} {m['n_tokens']} tok @ depth {m['depth']}"
+        s = summary.get(name)
+        rows = [_t("arm", f"value tok/s ({ESTIMATOR})", POOLED_MEDIAN, "CV", "reps",
+                   "per-block values, tok/s (median rep of each block, block order)", head=True, left=1)]
+        for arm, a in m["arms"].items():
+            vals = [block_value(b["samples_ns"], b["n_tokens"]) for b in a["blocks"]]
+            st = s.arms.get(arm) if s else None
+            rows.append(_t(escape(arm), f"{st.value:.4g}" if st else "-", f"{st.median:.4g}" if st else "-",
+                           f"{st.cv:.1%}" if st else "-", st.n if st else "-",
+                           '<span class="samples">' + ", ".join(f"{v:.4g}" for v in vals) + "</span>", left=1))
+        ratio = ""
+        if s and s.vs_reference is not None:
+            c = s.vs_reference
+            ratio = (f"<p>candidate / reference (same round, paired blocks): <b>{c.point:.3f}</b> "
+                     f"[{c.confidence:.0%} CI {c.low:.3f} &ndash; {c.high:.3f}], {c.n_blocks} blocks</p>")
+        out.append(f"<h4>{escape(name)} <span class=dim>({escape(m['role'])}, slot "
+                   f"<span class=mono>{escape(m.get('slot', ''))}</span>)</span></h4><table>{''.join(rows)}</table>"
+                   + ratio)
+    return "".join(out)
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    if r.get("status") == "aborted":
+        ab = r.get("aborted") or {}
+        return (f'<p><span class="label aborted">ABORTED</span> at {escape(str(ab.get("stage")))}: '
+                f'{escape(str(ab.get("reason")))}</p>')
+    v = r.get("verdict") or {}
+    label = str(v.get("label"))
+    reasons = "".join(f"<li>{escape(str(x))}</li>" for x in v.get("reasons", []))
+    return (f'<p>verdict <span class="label {escape(label)}">{escape(label)}</span> '
+            f'<span class=dim>(basis: {escape(str(v.get("basis")))})</span></p>'
+            f'<p>{escape(str(v.get("explanation", "")))}</p>' + (f"<ul>{reasons}</ul>" if reasons else ""))
+
+
+def _round(rv: RoundView, drift: list[str]) -> str:
+    r = rv.data
+    anchor = escape(rv.path.stem)
+    if rv.seal != "sealed" or r is None:
+        probs = "".join(f"<li class=mono>{escape(p)}</li>" for p in rv.problems)
+        return (f'<div class="card tampered" id="{anchor}"><h3>{escape(rv.path.name)} '
+                f'<span class="label {rv.seal}">{rv.seal}</span></h3><p class="bad">This receipt does not match its '
+                f"seal: it is shown as a claim, not a measurement, and its verdict is not rendered.</p>"
+                f"<ul>{probs}</ul></div>")
+    cand = r.get("candidate") or {}
+    head = (f'<div class="card" id="{anchor}"><h3>{escape(r["round_id"])} <span class="ok">sealed</span></h3>'
+            f'<p>{escape(r["created_at"])} &middot; target <b>{escape(r["target"])}</b> &middot; candidate '
+            f'{escape(str(cand.get("label")))} <span class=mono>{escape(str(cand.get("commit", ""))[:12])}</span>'
+            f'{" (main)" if cand.get("is_main") else ""} &middot; seed {r.get("seed")}</p>')
+    warn = "".join(f'<p class="warn">warning: {escape(w)}</p>' for w in drift)
+    return head + warn + _verdict(r) + _gate(r.get("gate")) + _speed(r) + "</div>"
+
+
+def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None = "reference.lock",
+                 target: str | None = None, title: str = "scoreboard history") -> Report:
+    from .drift import reference_drift
+    from .lockfile import load_lock
+    from .verify import verify
+
+    rounds = Path(rounds_dir)
+    views = [_load(p) for p in receipt_files(rounds)]
+    if target:
+        views = [v for v in views if v.data is None or v.data.get("target") == target]
+    views.sort(key=lambda v: ((v.data or {}).get("created_at", ""), v.path.name))
+    steps = ladder_from_history(rounds, target)
+    lock = None
+    verify_problems: list[str] = []
+    if lock_path is not None and Path(lock_path).is_file():
+        lock = load_lock(lock_path)
+        verify_problems = [str(p) for p in verify(lock_path, rounds).problems]
+    comp = compounding(steps)
+    slots = list(dict.fromkeys(s.slot for s in steps))
+
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>{escape(title)}</h1><p class=dim>rounds directory <span class=mono>{escape(str(rounds))}"
+             f"</span>{' &middot; target ' + escape(target) if target else ''} &middot; scoreboard {__version__}</p>"]
+    # which receipts verified
+    n_ok = sum(v.seal == "sealed" for v in views)
+    parts.append(f"<h2>Verification</h2><p>{n_ok} of {len(views)} receipt(s) match their seal.</p>")
+    rows = [_t("receipt", "seal", "target", "status", "verdict", head=True, left=1)]
+    for v in views:
+        d = v.data or {}
+        verdict = (d.get("verdict") or {}).get("label") if v.seal == "sealed" else "not shown"
+        cls = "ok" if v.seal == "sealed" else "bad"
+        rows.append(_t(f'<a href="#{escape(v.path.stem)}" class=mono>{escape(v.path.name)}</a>',
+                       f'<span class="{cls}">{v.seal}</span>', escape(str(d.get("target", ""))),
+                       escape(str(d.get("status", ""))), escape(str(verdict or d.get("status", ""))), left=1))
+    parts.append("<table>" + "".join(rows) + "</table>")
+    if lock is not None:
+        if verify_problems:
+            items = "".join(f"<li class=mono>{escape(p)}</li>" for p in verify_problems)
+            parts.append(f'<p class="bad">scoreboard verify: {len(verify_problems)} problem(s)</p><ul>{items}</ul>')
+        else:
+            parts.append(f'<p class="ok">scoreboard verify: history intact, every slot in '
+                         f'{escape(str(lock_path))} backed by a sealed receipt</p>')
+    # ladder per slot
+    parts.append("<h2>Frontier ladder, per slot</h2>")
+    if not slots:
+        parts.append("<p>no frontier has moved yet (a sealed main round sets the BASELINE)</p>")
+    for slot in slots:
+        ss = [s for s in steps if s.slot == slot]
+        c = comp[slot]
+        summary = (f"compounded x{c.total_ratio:.4f} from {c.first:.4g} to {c.last:.4g} tok/s over {c.steps} "
+                   f"step(s) after the BASELINE; geometric mean per step x{c.geomean_step:.4f} (over those "
+                   f"{c.steps})" if c.total_ratio is not None else "BASELINE only: no step to compound yet")
+        rows = [_t("round", "date", "commit", "tier", "before", "after", "step", "reference (same round)",
+                   head=True, left=1)]
+        for s in ss:
+            tier = s.tier or ("UNVERIFIED: " + s.receipt_problem if s.receipt_problem else "")
+            rows.append(_t(f'<a href="#{escape(s.round_id)}" class=mono>{escape(s.round_id)}</a>', escape(s.date),
+                           f"<span class=mono>{escape(s.commit[:12])}</span>", escape(tier), f"{s.before:.4g}",
+                           f"{s.after:.4g}", "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
+                           + (" (lowered)" if s.kind == "frontier-lower" else ""),
+                           "-" if s.reference is None else f"{s.reference:.4g}", left=1))
+        parts.append(f'<h3 class="slot">{escape(slot)}</h3>' + slot_panel_svg(slot, ss) + f"<p>{summary}</p>"
+                     + "<table>" + "".join(rows) + "</table>")
+    # every round
+    parts.append(f"<h2>Rounds ({len(views)})</h2>")
+    for v in views:
+        drift = reference_drift(v.data, lock) if v.data is not None and v.seal == "sealed" else []
+        parts.append(_round(v, drift))
+    parts.append("</body></html>")
+    return Report("\n".join(parts), views, steps, verify_problems)
