@@ -242,7 +242,7 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
             color = _LOWER if s.kind == "frontier-lower" else _CAND
             tier = "lowered" if s.kind == "frontier-lower" else (s.tier or "?")
             if s.receipt_problem:
-                tier = "UNVERIFIED"
+                tier, color = "UNVERIFIED", _LOWER
             p.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}"><title>{escape(s.round_id)}: '
                      f'{_fmt(s.after)} {UNIT} ({escape(tier)})</title></circle>')
             p.append(f'<text x="{cx:.1f}" y="{cy - 10:.1f}" text-anchor="middle" font-weight="bold" '

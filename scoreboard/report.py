@@ -22,12 +22,12 @@ from .seal import check_seal, check_signature
 
 _CSS = """
 body{font-family:"DejaVu Sans",Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff;
-line-height:1.4;font-size:14px}
+line-height:1.4;font-size:14px;padding:0 16px}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bottom:2px solid #1f5fa8}
 h3{font-size:16px;margin:18px 0 6px}
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
-th,td{border:1px solid #c8c8c8;padding:3px 8px;text-align:right;vertical-align:top}
-th{background:#eef2f7}td.l,th.l{text-align:left}
+th,td{border:1px solid #c8c8c8;padding:3px 8px;text-align:right;vertical-align:top;white-space:nowrap}
+th{background:#eef2f7;white-space:normal}td.l,th.l{text-align:left}
 .ok{color:#17703a;font-weight:bold}.bad{color:#b3261e;font-weight:bold}.warn{color:#8a5a00;font-weight:bold}
 .card{border:1px solid #c8c8c8;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fcfcfd}
 .card.tampered{border:3px solid #b3261e;background:#fff4f3}
@@ -35,7 +35,7 @@ th{background:#eef2f7}td.l,th.l{text-align:left}
 .label.REJECT,.label.TAMPERED,.label.UNSEALED{background:#b3261e}.label.inconclusive{background:#8a5a00}
 .label.none{background:#666}.label.BASELINE{background:#0b7a75}.label.aborted{background:#555}
 .mono{font-family:"DejaVu Sans Mono",monospace;font-size:12px}.dim{color:#555}
-.samples{font-family:"DejaVu Sans Mono",monospace;font-size:12px;text-align:left}
+.samples{font-family:"DejaVu Sans Mono",monospace;font-size:12px;text-align:left;white-space:normal}
 svg{max-width:100%;height:auto;border:1px solid #ddd;margin:4px 0}
 """
 
@@ -216,12 +216,14 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
         summary = (f"compounded x{c.total_ratio:.4f} from {c.first:.4g} to {c.last:.4g} tok/s over {c.steps} "
                    f"step(s) after the BASELINE; geometric mean per step x{c.geomean_step:.4f} (over those "
                    f"{c.steps})" if c.total_ratio is not None else "BASELINE only: no step to compound yet")
-        rows = [_t("round", "date", "commit", "tier", "before", "after", "step", "reference (same round)",
+        rows = [_t("round", "date", "commit", "tier", "before", "after", "step", "reference tok/s, same round",
                    head=True, left=1)]
         for s in ss:
-            tier = s.tier or ("UNVERIFIED: " + s.receipt_problem if s.receipt_problem else "")
-            rows.append(_t(f'<a href="#{escape(s.round_id)}" class=mono>{escape(s.round_id)}</a>', escape(s.date),
-                           f"<span class=mono>{escape(s.commit[:12])}</span>", escape(tier), f"{s.before:.4g}",
+            tier = escape(s.tier) if s.tier else (f'<span title="{escape(s.receipt_problem)}">UNVERIFIED ('
+                              + escape(s.receipt_problem.split(": ", 1)[-1].split(" ")[0]) + ")</span>"
+                              if s.receipt_problem else "")
+            rows.append(_t(f'<a href="#{escape(s.round_id)}" class=mono>{escape(s.round_id)}</a>', escape(s.date[:10]),
+                           f"<span class=mono>{escape(s.commit[:12])}</span>", tier, f"{s.before:.4g}",
                            f"{s.after:.4g}", "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
                            + (" (lowered)" if s.kind == "frontier-lower" else ""),
                            "-" if s.reference is None else f"{s.reference:.4g}", left=1))

@@ -23,9 +23,19 @@ def test_steps_only_from_frontier_changes():
     assert [(s.before, s.after, s.kind) for s in steps] == [(0, 10, "frontier-raise"), (10, 12, "frontier-raise"),
                                                             (12, 11, "frontier-lower")]
     assert steps[0].ratio is None  # BASELINE has no ratio
-    comp = compounding(steps)
-    assert math.isclose(comp["total_ratio"], 11 / 10) and comp["steps"] == 3
-    assert math.isclose(comp["geomean_step"], (11 / 10) ** 0.5)
+    comp = compounding(steps)["S"]
+    assert math.isclose(comp.total_ratio, 11 / 10) and comp.steps == 2  # the BASELINE is not a step
+    assert math.isclose(comp.geomean_step, (11 / 10) ** 0.5)  # over exactly the count it states
+    assert (comp.first, comp.last) == (10, 11)
+
+
+def test_compounding_never_multiplies_slots_together():
+    lines = [_line("frontier-raise", [_ch(0, 100, slot="DEC"), _ch(0, 4000, slot="PRE")]),
+             _line("frontier-raise", [_ch(100, 120, slot="DEC"), _ch(4000, 4400, slot="PRE")])]
+    comp = compounding(ladder_steps(lines))
+    assert set(comp) == {"DEC", "PRE"}
+    assert math.isclose(comp["DEC"].total_ratio, 1.2) and math.isclose(comp["PRE"].total_ratio, 1.1)
+    assert comp["DEC"].steps == comp["PRE"].steps == 1
 
 
 def test_svg_is_written_atomically(tmp_path):
@@ -33,4 +43,5 @@ def test_svg_is_written_atomically(tmp_path):
     out = write_svg(steps, tmp_path / "ladder.svg", "t")
     text = out.read_text()
     assert text.startswith("<svg") and "polyline" in text and text.rstrip().endswith("</svg>")
+    assert text.count('class="slot-panel"') == 1 and "tok/s" in text
     assert [p.name for p in tmp_path.iterdir()] == ["ladder.svg"]

@@ -203,6 +203,11 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
         if have != want:
             raise InputError(f"weights.{t.weights}.files: spec {w.spec} writes {want}, the lock lists {have}",
                              f"fix the file list in {opts.lock_path}")
+    if opts.seal:
+        from .. import ledger
+
+        # a round sealed onto a broken chain cannot be appended: refuse before measuring anything
+        ledger.read_entries(opts.rounds_dir)
     if opts.seal and not w.fully_pinned:
         raise InputError(f"target {opts.target}: weights {t.weights} are not fully pinned, so the round could "
                          "not seal what it measures",

@@ -1,0 +1,155 @@
+"""What is history (docs/receipt-format.md, "What becomes history"): input errors are refused before
+anything runs and leave nothing; what the round observes about the box and its pins is sealed.
+
+The refusals run no engine (they stop before the receipt exists), so they are fast. The sealed cases use
+the real generated k3-mini weights in the cache and stop at preflight, before llama.cpp is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from receipt_factory import zero_slots
+from scoreboard.errors import InputError, NonCompliant
+from scoreboard.lockfile import load_lock
+from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.weights.verify import default_cache, weights_dir
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "k3-mini-cpu"
+FLAGSHIP = "kimi-k3-h200x8-iq1s"
+
+
+def _lock(tmp_path: Path, edit=None) -> Path:
+    doc = zero_slots(tomlkit.parse((REPO / "reference.lock").read_text(encoding="utf-8")))
+    if edit:
+        edit(doc)
+    p = tmp_path / "reference.lock"
+    p.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return p
+
+
+def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
+    base = dict(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds", cache_dir=default_cache(), seed=7)
+    base.update(kw)
+    return RoundOptions(**base)
+
+
+def _nothing_written(tmp_path: Path) -> None:
+    rounds = tmp_path / "rounds"
+    assert not rounds.exists() or not [p for p in rounds.iterdir() if p.name != "ledger.jsonl"]
+    ledger = rounds / "ledger.jsonl"
+    assert not ledger.exists() or ledger.read_bytes() == b""
+
+
+def _mistype_shard(doc) -> None:
+    doc["weights"]["k3-mini"]["files"][1]["path"] = "k3-mini-00002-of-0003.gguf"
+
+
+def _unknown_engine(doc) -> None:
+    doc["targets"][TARGET]["candidate_engine"] = "sparkinferr"
+    for name in [n for n in doc["slots"] if "_SPARKINFER_" in n and n.startswith("K3_MINI_CPU")]:
+        del doc["slots"][name]  # slot names derive from the engine: keep the lock otherwise valid
+
+
+@pytest.mark.parametrize("kw,edit,match", [
+    ({"candidate": "deadbeef1234"}, None, "--candidate 'deadbeef1234' is neither"),
+    ({"candidate": "no-such-branch"}, None, "--candidate 'no-such-branch' is neither"),
+    ({"candidate": "EMPTYDIR"}, None, "no engines/ directory there"),
+    ({"seed": -1}, None, "--seed -1: must be an integer from 0"),
+    ({"blocks": 2}, None, "--blocks 2: must be at least 4"),
+    ({"reps": 0}, None, "--reps 0: must be at least 1"),
+    ({}, _unknown_engine, "targets.k3-mini-cpu.candidate_engine: unknown engine 'sparkinferr'"),
+    ({}, _mistype_shard, "weights.k3-mini.files: spec k3-mini writes"),
+    ({"target": FLAGSHIP}, None, "scoreboard pin weights --target kimi-k3-h200x8-iq1s"),
+    ({"target": "k3-mini-cpx"}, None, "unknown target 'k3-mini-cpx'"),
+])
+def test_input_errors_are_refused_before_anything_runs(tmp_path, kw, edit, match):
+    lock = _lock(tmp_path, edit)
+    before = lock.read_bytes()
+    if kw.get("candidate") == "EMPTYDIR":
+        (tmp_path / "not-a-checkout").mkdir()
+        kw = {**kw, "candidate": str(tmp_path / "not-a-checkout")}
+    with pytest.raises(InputError) as info:
+        run_round(_opts(lock, tmp_path, **kw))
+    assert match in info.value.message + (info.value.hint or "")
+    _nothing_written(tmp_path)
+    assert lock.read_bytes() == before
+
+
+def test_a_broken_ledger_is_refused_before_anything_runs(tmp_path):
+    lock = _lock(tmp_path)
+    rounds = tmp_path / "rounds"
+    rounds.mkdir()
+    (rounds / "ledger.jsonl").write_text('{"kind": "round"}\n', encoding="utf-8")  # no chain, wrong keys
+    with pytest.raises(NonCompliant, match="ledger chain is broken"):
+        run_round(_opts(lock, tmp_path))
+    assert sorted(p.name for p in rounds.iterdir()) == ["ledger.jsonl"]
+
+
+def test_the_cli_refuses_a_typo_with_exit_1_and_writes_nothing(tmp_path):
+    lock = _lock(tmp_path)
+    env_py = [sys.executable, "-m", "scoreboard"]
+    out = subprocess.run([*env_py, "round", "run", "--lock", str(lock), "--rounds", str(tmp_path / "rounds"),
+                          "--candidate", "deadbeef1234"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 1, out.stderr
+    assert "--candidate 'deadbeef1234'" in " ".join(out.stderr.split())
+    _nothing_written(tmp_path)
+
+
+def _have_k3_mini() -> bool:
+    lk = load_lock(REPO / "reference.lock")
+    root = weights_dir("k3-mini", default_cache())
+    return all((root / f.path).is_file() for f in lk.weights["k3-mini"].files)
+
+
+needs_weights = pytest.mark.skipif(not _have_k3_mini(), reason="k3-mini not generated in the cache yet "
+                                   "(`scoreboard weights generate k3-mini --out ~/.cache/scoreboard/weights/k3-mini`)")
+
+
+def _sealed_abort(tmp_path: Path, out) -> dict:
+    r = out.receipt
+    assert r["status"] == "aborted" and out.exit_code == 1
+    assert out.path is not None and out.path.is_file()
+    sealed = json.loads(out.path.read_text(encoding="utf-8"))
+    assert sealed["seal"]["sha256"]
+    lines = (tmp_path / "rounds" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x)["round_id"] for x in lines] == [r["round_id"]]
+    return sealed
+
+
+@needs_weights
+def test_a_shard_that_does_not_match_its_pin_is_sealed(tmp_path):
+    """The box's copy of a shard differs from the lock: an observation about the box, sealed as aborted."""
+    def edit(doc):
+        doc["weights"]["k3-mini"]["files"][0]["sha256"] = "0" * 64
+
+    lock = _lock(tmp_path, edit)
+    sealed = _sealed_abort(tmp_path, run_round(_opts(lock, tmp_path)))
+    assert sealed["aborted"]["stage"] == "preflight" and "sha256" in sealed["aborted"]["reason"]
+
+
+@needs_weights
+def test_a_box_of_another_node_class_is_sealed(tmp_path):
+    def edit(doc):
+        doc["nodes"]["cpu-x86_64"]["gpu_count"] = 1
+
+    lock = _lock(tmp_path, edit)
+    sealed = _sealed_abort(tmp_path, run_round(_opts(lock, tmp_path)))
+    assert sealed["aborted"]["stage"] == "preflight" and "node class" in sealed["aborted"]["reason"]
+
+
+def test_unpinned_weights_without_seal_still_run_to_the_first_observation(tmp_path):
+    """--no-seal is the trial path for unpinned weights: not refused up front; the CPU box then fails the
+    flagship's node class, and nothing is written."""
+    lock = _lock(tmp_path)
+    out = run_round(_opts(lock, tmp_path, target=FLAGSHIP, seal=False))
+    assert out.receipt["status"] == "aborted" and out.path is None
+    _nothing_written(tmp_path)
+
