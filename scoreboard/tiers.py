@@ -223,14 +223,16 @@ _BASIS_WORDS = {"main-same-round": "main measured in the same round on the same 
 
 def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool) -> str:
     kind = "claimed, not measured: " if claim else ""
-    head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}" + ("" if claim else f" ({ESTIMATOR})")
+    head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
+    if not claim and ev.basis != "none":
+        head += f" ({ESTIMATOR})"  # the same estimator as the speed table's value column and the basis
     if ev.basis == "none":
         body = (f"{head}, and there is no frontier yet, so it is the BASELINE the next rounds are scored "
                 "against.")
     else:
         g, ci = ev.gain, ev.gain_ci
         body = (f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}"
-                + (f" (same estimator)" if ev.basis == "main-same-round" and not claim else "")
+                + (" (same estimator)" if ev.basis == "main-same-round" and not claim else "")
                 + f", a gain of {_pct(g)}")
         if ci is not None:
             body += (f" ({policy.confidence * 100:.0f}% CI {_pct(ci[0])} to {_pct(ci[1])} over "
