@@ -41,6 +41,18 @@ def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
     return RoundOptions(**base)
 
 
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Refusals must come before the round starts: preflight (the first thing that touches the box) fails
+    the test if it is reached."""
+    import scoreboard.round.run as run_mod
+
+    def boom(rnd):
+        raise AssertionError("preflight ran: the input error was not refused up front")
+
+    monkeypatch.setattr(run_mod, "preflight", boom)
+
+
 def _nothing_written(tmp_path: Path) -> None:
     rounds = tmp_path / "rounds"
     assert not rounds.exists() or not [p for p in rounds.iterdir() if p.name != "ledger.jsonl"]
@@ -70,7 +82,7 @@ def _unknown_engine(doc) -> None:
     ({"target": FLAGSHIP}, None, "scoreboard pin weights --target kimi-k3-h200x8-iq1s"),
     ({"target": "k3-mini-cpx"}, None, "unknown target 'k3-mini-cpx'"),
 ])
-def test_input_errors_are_refused_before_anything_runs(tmp_path, kw, edit, match):
+def test_input_errors_are_refused_before_anything_runs(tmp_path, kw, edit, match, nothing_runs):
     lock = _lock(tmp_path, edit)
     before = lock.read_bytes()
     if kw.get("candidate") == "EMPTYDIR":
@@ -83,7 +95,7 @@ def test_input_errors_are_refused_before_anything_runs(tmp_path, kw, edit, match
     assert lock.read_bytes() == before
 
 
-def test_a_broken_ledger_is_refused_before_anything_runs(tmp_path):
+def test_a_broken_ledger_is_refused_before_anything_runs(tmp_path, nothing_runs):
     lock = _lock(tmp_path)
     rounds = tmp_path / "rounds"
     rounds.mkdir()
@@ -153,3 +165,37 @@ def test_unpinned_weights_without_seal_still_run_to_the_first_observation(tmp_pa
     assert out.receipt["status"] == "aborted" and out.path is None
     _nothing_written(tmp_path)
 
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}).stdout.strip()
+
+
+@needs_weights
+def test_a_reference_ref_that_moved_is_sealed(tmp_path):
+    """The pinned reference ref was pushed past its commit (a local repo standing in for the fork): the
+    round observes it at preflight and seals that, with the old and new commits in the reason."""
+    upstream = tmp_path / "llama.cpp"
+    upstream.mkdir()
+    _git(upstream, "init", "-q", "-b", "main")
+    (upstream / "a.txt").write_text("a\n")
+    _git(upstream, "add", "a.txt")
+    _git(upstream, "commit", "-q", "-m", "pinned")
+    pinned = _git(upstream, "rev-parse", "HEAD")
+    (upstream / "a.txt").write_text("b\n")
+    _git(upstream, "commit", "-q", "-am", "pushed later")
+    moved = _git(upstream, "rev-parse", "HEAD")
+
+    def edit(doc):
+        ref = tomlkit.table()
+        ref.update({"kind": "git", "repo": str(upstream), "ref": "refs/heads/main", "commit": pinned,
+                    "base_commit": pinned})
+        doc["references"]["local-moved"] = ref
+        doc["targets"][TARGET]["reference"] = "local-moved"
+
+    lock = _lock(tmp_path, edit)
+    sealed = _sealed_abort(tmp_path, run_round(_opts(lock, tmp_path, cache_dir=tmp_path / "cache")))
+    assert sealed["aborted"]["stage"] == "preflight"
+    assert "force-pushed or moved" in sealed["aborted"]["reason"] and moved in sealed["aborted"]["reason"]
