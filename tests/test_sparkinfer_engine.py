@@ -67,7 +67,7 @@ def test_describe_pins_the_source_and_what_would_run(shards):
     assert engine.describe(target(shards)).extra["faults"] == []
     with pytest.raises(EngineError, match="options.dtype"):
         engine.describe(target(shards, dtype="float8"))
-    with pytest.raises(InputError, match="unknown fault"):
+    with pytest.raises(EngineError, match=r"options\.faults: .*unknown fault"):  # the typed options (options.py)
         engine.describe(target(shards, faults=["typo"]))
 
 

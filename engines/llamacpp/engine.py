@@ -132,6 +132,12 @@ class LlamaCppEngine(Engine):
                    "toolchain": tc.as_dict(), "cpu": plan.cpu, "cuda_arch": plan.cuda_arch,
                    "run_flags": settings.bench_flags(), "dumper_flags": list(build.DUMPER_FLAGS),
                    "visible_devices": settings.visible_devices,
+                   # every file and link under build/bin, recursively (binaries holds the files): the round
+                   # compares them with the ones its sealed history recorded for this build_key
+                   "build_links": dict(manifest.get("links", {})) if manifest else {},
+                   "build_files_sha256": build.files_digest({"files": dict(manifest["binaries"]),
+                                                             "links": dict(manifest.get("links", {}))})
+                   if manifest else "",
                    "built": manifest is not None})
 
     # ------------------------------------------------------------------------------------------
@@ -155,7 +161,7 @@ class LlamaCppEngine(Engine):
         b = prepare_build(plan.reference, cache_dir, plan.device, plan.ref_id, progress,
                           list(pip_args) if pip_args is not None else None, plan)
         n_vocab = logits.gguf_vocab_size(Path(target.model_path))
-        runs = cache_dir / "llamacpp" / "runs"
+        runs = (cache_dir / "llamacpp" / "runs").resolve()  # the tools run with cwd = the bin dir
         runs.mkdir(parents=True, exist_ok=True)
         handle = LlamaCppHandle(build=b, target=target, settings=settings, runs_dir=runs, n_vocab=n_vocab)
         notes = {"cache_hit": b.rebuilt == "", "rebuilt": b.rebuilt, "checks": b.checks,
@@ -181,7 +187,7 @@ class LlamaCppEngine(Engine):
         """float32 [len(positions), vocab] through the dumper, geometry/threads as actually used."""
         h = self._handle(prepared)
         log = self._log(h, "logits")
-        out = logits.run_dumper(h.tool(build.DUMPER), Path(h.target.model_path), request, h.settings, log,
+        out = logits.run_dumper(h.tool(build.DUMPER), Path(h.target.model_path).resolve(), request, h.settings, log,
                                 n_vocab=h.n_vocab, timeout_s=h.target.options.get("timeout_s"))
         log.unlink(missing_ok=True)
         return LogitsResult(logits=out.logits, geometry=out.geometry, command=out.command)
@@ -191,7 +197,7 @@ class LlamaCppEngine(Engine):
         h = self._handle(prepared)
         geometry: Geometry = h.target.geometry
         log = self._log(h, f"bench-{workload.phase}")
-        result = bench.run_bench(h.tool("llama-bench"), Path(h.target.model_path), workload, geometry, h.settings,
+        result = bench.run_bench(h.tool("llama-bench"), Path(h.target.model_path).resolve(), workload, geometry, h.settings,
                                  reps, h.build.manifest["build_commit"], log, h.target.options.get("timeout_s"))
         log.unlink(missing_ok=True)
         h.last_record = result.record

@@ -64,12 +64,17 @@ def run_cmd(
     lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
     json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON"),
+    renew_reference_anchor: bool = typer.Option(
+        False, "--renew-reference-anchor",
+        help="accept a reference build whose files differ from the ones sealed for its build key (a deliberate "
+             "rebuild); recorded in the receipt"),
 ) -> None:
     """Preflight, gate before speed, interleaved timing, verdict, seal, raise-only frontier."""
     from ..round.run import RoundOptions, run_round
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
-                        seal=seal, rounds_dir=rounds, cache_dir=_cache_dir())
+                        seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
+                        renew_reference_anchor=renew_reference_anchor)
     reporter = RichReporter()
     try:
         outcome = run_round(opts, reporter)

@@ -39,11 +39,16 @@ class RoundOptions:
     seal: bool = True
     rounds_dir: Path = Path("rounds")
     cache_dir: Path = Path.home() / ".cache" / "scoreboard"
-    candidate_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"faults": ["..."]} (tests)
+    # tests and calibration only (never the CLI): merged over the target's own `candidate_options` from the lock,
+    # key by key (a key given here wins), e.g. {"faults": ["..."]}; both, and the merge, go into the receipt
+    candidate_options: dict[str, Any] = field(default_factory=dict)
     max_transient_retries: int = 2
     update_frontier: bool = True
     allow_node_mismatch: bool = False
     gate_only: bool = False  # tests: stop after the gate (no speed, no verdict, nothing sealed)
+    # the operator accepts a reference build whose files differ from the ones sealed for its build key (a
+    # deliberate rebuild); the receipt records the previous anchor round and every difference
+    renew_reference_anchor: bool = False
 
 
 @dataclass
@@ -81,6 +86,10 @@ class Round:
             "verdict": None, "aborted": None, "retries": [], "commands": [], "stage_seconds": {}, "provenance": {},
         }
         self.pre: PreflightResult | None = None
+        self.candidate_options = candidate_options(self.target, opts, self.target_id)
+        self.receipt["provenance"]["candidate_options"] = {
+            "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
+            "effective": dict(self.candidate_options)}
 
     # -- helpers -------------------------------------------------------------------------------
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -113,7 +122,7 @@ class Round:
 
     def candidate_target(self) -> EngineTarget:
         """The candidate's target: parallel.ranks processes (launched by the harness when > 1)."""
-        return self.engine_target(self.opts.candidate_options, ranks=self.target.parallel.ranks)
+        return self.engine_target(self.candidate_options, ranks=self.target.parallel.ranks)
 
     def device_env(self) -> dict[str, str]:
         """Both sides' GPUs: CUDA_VISIBLE_DEVICES = the first parallel.ranks devices (cuda targets only)."""
@@ -134,6 +143,26 @@ class Round:
     @property
     def target_id(self) -> str:
         return self.opts.target
+
+
+def candidate_options(target: Target, opts: RoundOptions, target_id: str) -> dict[str, Any]:
+    """The candidate engine's options: the lock's, with RoundOptions.candidate_options (tests, calibration)
+    over them key by key; checked against the engine's typed options model before any engine runs."""
+    from ..errors import LockError
+    from ..lockfile import engine_option_problems
+
+    merged = {**target.candidate_options, **opts.candidate_options}
+    problems = engine_option_problems(target.candidate_engine, merged, f"targets.{target_id}.candidate_options",
+                                      in_lock=False)
+    if problems is None:
+        raise InputError(f"targets.{target_id}.candidate_engine: engine {target.candidate_engine!r} or its typed "
+                         "options could not be loaded", "`scoreboard engines` lists the installed engines")
+    if problems:
+        overridden = sorted(opts.candidate_options)
+        raise LockError(problems, str(opts.lock_path),
+                        hint=(f"keys {overridden} came from RoundOptions.candidate_options, the rest from the lock"
+                              if overridden else None))
+    return merged
 
 
 def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
