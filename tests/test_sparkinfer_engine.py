@@ -16,7 +16,7 @@ from engines.sparkinfer.faults import GATE_FAULTS
 from scoreboard import registry
 from scoreboard.contract import run_contract
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
-from scoreboard.errors import EngineError, InputError
+from scoreboard.errors import EngineError
 from scoreboard.gate import gate_positions, grade_depth
 from scoreboard.lockfile import load_lock
 from scoreboard.round.prompt import draw_prompt

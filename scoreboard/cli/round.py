@@ -75,9 +75,15 @@ def run_cmd(
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
                         renew_reference_anchor=renew_reference_anchor)
+    from ..round.run import UnsealedReceipt
+
     reporter = RichReporter()
     try:
         outcome = run_round(opts, reporter)
+    except UnsealedReceipt as exc:  # print the kept receipt, then the error (exit 1) names its path
+        reporter.close()
+        print_json(json.loads(exc.path.read_text(encoding="utf-8")))
+        raise
     except KeyboardInterrupt:
         reporter.close()
         err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched "

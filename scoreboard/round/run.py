@@ -19,6 +19,7 @@ from ..errors import InputError, ScoreboardError, TransientError
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
+from . import ready
 from .stages import GateStage, PreflightResult, SpeedStage, preflight
 
 Report = Callable[..., None]
@@ -49,6 +50,16 @@ class RoundOptions:
     # the operator accepts a reference build whose files differ from the ones sealed for its build key (a
     # deliberate rebuild); the receipt records the previous anchor round and every difference
     renew_reference_anchor: bool = False
+
+
+class UnsealedReceipt(ScoreboardError):
+    """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record)."""
+
+    def __init__(self, message: str, path: Path, cause_hint: str | None = None):
+        super().__init__(message, (f"{cause_hint}; then " if cause_hint else "fix the cause named above; then ")
+                         + "run the round again (an unsealed receipt is kept for inspection, it is not a measurement "
+                         "of record)")
+        self.path = path
 
 
 @dataclass
@@ -174,12 +185,20 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     lock = load_lock(opts.lock_path)
     rnd = Round(opts, lock, report)
     r = rnd.receipt
+    # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
+    r["provenance"]["ready"] = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal,
+                                                        opts.update_frontier)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     try:
         src = rnd.stage("candidate", lambda: cand_mod.resolve(opts.candidate, opts.cache_dir))
         rnd.source = src
         rnd.main_source = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
-        rnd.pre = rnd.stage("preflight", lambda: preflight(rnd))
+        # the harness's own worker must start in its own environment: an environment problem, nothing written
+        report("step", message="worker imports in the worker's own environment")
+        ready.check_worker_imports(rnd.target.candidate_engine,
+                                   cand_mod.import_root(rnd.main_source or src, opts.cache_dir), rnd.device_env(),
+                                   "main (harness)")
+        rnd.pre = rnd.stage("preflight", lambda: _preflight(rnd))
         gate = GateStage(rnd)
         rnd.stage("gate", gate.run)
         if opts.gate_only:
@@ -190,6 +209,14 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     except _Abort as ab:
         _mark_aborted(rnd, ab.stage, ab.exc)
     return _finish(rnd)
+
+
+def _preflight(rnd: Round) -> PreflightResult:
+    """A PR candidate's own worker imports first (its failure is the candidate's, recorded), then preflight."""
+    if not rnd.source.is_main:
+        ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(rnd.source, rnd.opts.cache_dir),
+                                   rnd.device_env(), f"candidate ({rnd.source.label})", candidate=True)
+    return preflight(rnd)
 
 
 def _verdict(rnd: Round) -> None:
@@ -236,7 +263,13 @@ def _finish(rnd: Round) -> RoundOutcome:
         r["provenance"]["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
     if rnd.opts.seal and (weights_pinned or r["status"] == "aborted"):
         rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
-        path = write_receipt(r, rnd.opts.rounds_dir)
+        try:
+            path = write_receipt(r, rnd.opts.rounds_dir)
+        except Exception as exc:  # whatever broke the seal, what was measured is kept
+            saved = ready.save_unsealed(r, rnd.opts.rounds_dir, rnd.opts.cache_dir)
+            cause = exc.message if isinstance(exc, ScoreboardError) else f"{type(exc).__name__}: {exc}"
+            raise UnsealedReceipt(f"sealing failed: {cause}; the complete unsealed receipt is saved at {saved}",
+                                  saved, getattr(exc, "hint", None)) from exc
         if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
             from ..frontier import raise_frontier
 
