@@ -40,6 +40,15 @@ def _check_sha(value: str, pattern: re.Pattern[str], what: str, allow_empty: boo
     return value
 
 
+def _check_exclude(v: tuple[str, ...]) -> tuple[str, ...]:
+    for e in v:
+        if not e or e.startswith("/") or ".." in e.split("/") or e in (".", ".git"):
+            raise ValueError(f"tree_exclude entries are paths relative to the source root, got {e!r}")
+    if len(set(v)) != len(v):
+        raise ValueError("tree_exclude has duplicates")
+    return v
+
+
 class GitReference(_Model):
     kind: Literal["git"]
     repo: str
@@ -47,11 +56,25 @@ class GitReference(_Model):
     commit: str
     base_commit: str
     cmake_flags: tuple[str, ...] = ()
+    # the git tree id of the source as built (tree_exclude left out): any transport that delivers exactly this
+    # tree satisfies the pin; "" = not pinned by tree (only the pinned repository and commit can deliver it)
+    tree: str = ""
+    tree_exclude: tuple[str, ...] = ()  # root-relative paths that are not build inputs, removed before hashing
 
     @field_validator("commit", "base_commit")
     @classmethod
     def _sha(cls, v: str) -> str:
         return _check_sha(v, _SHA1, "a git commit")
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
+
+    @field_validator("tree_exclude")
+    @classmethod
+    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_exclude(v)
 
     def identity(self) -> dict[str, str]:
         return {"kind": "git", "repo": self.repo, "ref": self.ref, "commit": self.commit, "base_commit": self.base_commit}
@@ -65,11 +88,23 @@ class SdistReference(_Model):
     subdir: str
     upstream: str = ""  # informational, e.g. "ggml-org/llama.cpp@0c1e57098"
     cmake_flags: tuple[str, ...] = ()
+    tree: str = ""  # git tree id of `subdir` as built (tree_exclude left out); "" = only the sdist can deliver it
+    tree_exclude: tuple[str, ...] = ()
 
     @field_validator("sha256")
     @classmethod
     def _sha(cls, v: str) -> str:
         return _check_sha(v, _SHA256, "an sdist sha256")
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
+
+    @field_validator("tree_exclude")
+    @classmethod
+    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_exclude(v)
 
     def identity(self) -> dict[str, str]:
         return {"kind": "pypi-sdist", "package": self.package, "version": self.version, "sha256": self.sha256,

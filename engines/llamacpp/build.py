@@ -187,6 +187,9 @@ class BuildPlan:
     cpu: dict[str, str]
     cuda_arch: str = ""
     build_commit: str = ""
+    # the transport of the source (source.ReferenceSource spec; "" = $SCOREBOARD_REFERENCE_SOURCE, else the pin's
+    # own): not part of the key, because every transport must deliver the same verified tree
+    source_spec: str = ""
 
     def key_inputs(self) -> dict[str, Any]:
         return {"key_format": KEY_FORMAT, "source": self.reference.identity(), "device": self.device,
@@ -433,7 +436,8 @@ def full_build(plan: BuildPlan, root: Path, cache_dir: Path, progress: Progress 
     (root / "logs").mkdir(parents=True)
     atomic_write_text(root / "inputs.json", json.dumps(plan.key_inputs(), indent=2, sort_keys=True) + "\n")
     t0 = time.monotonic()
-    info = source.materialize(plan.reference, cache_dir, root / "src", plan.ref_id, pip_args, progress)
+    info = source.materialize(plan.reference, cache_dir, root / "src", plan.ref_id, pip_args, progress,
+                              plan.source_spec or None)
     t1 = time.monotonic()
     tc = plan.toolchain
     configure = [tc.cmake, "-S", str(root / "src"), "-B", str(root / "build"), "-G", tc.generator, *plan.cmake_flags]
@@ -489,6 +493,10 @@ def ensure_build(plan: BuildPlan, cache_dir: Path, progress: Progress | None = N
             problems = verify_binaries(root / "build" / "bin", manifest)
             checks = {"rehashed": len(manifest["binaries"]), "problems": problems}
             stale_dumper = manifest.get("dumper", {}).get("source_sha256") != sha256_file(DUMPER_SOURCE)
+            built_tree = manifest.get("source", {}).get("source_tree")
+            if plan.reference.tree and built_tree is not None and built_tree != plan.reference.tree:
+                # built from a tree verified against another tree pin (the lock's tree was changed): rebuild
+                problems = problems + [f"source tree {built_tree} is not the pinned tree {plan.reference.tree}"]
             if not problems and not stale_dumper:
                 return Build(root=root, manifest=manifest, rebuilt="", checks=checks)
             only_dumper = all(p.startswith((f"{DUMPER}:", f".{DUMPER}")) for p in problems)

@@ -5,7 +5,8 @@ Options read from ``EngineTarget.options`` (all optional):
   ``flash_attn`` (1 | 0 | -1, default 1), ``n_gpu_layers`` (default 99 on cuda, 0 on cpu),
   ``split_mode`` ("none" | "layer" | "row", default "layer": llama.cpp's ``-sm`` over the visible GPUs, the
   lock's ``parallel.reference_split_mode``), ``visible_devices`` (CUDA_VISIBLE_DEVICES for the tool runs, set by
-  the round to the candidate's GPUs), ``timeout_s`` (per tool run), ``pip_args`` (list, for the sdist download; else $SCOREBOARD_PIP_ARGS).
+  the round to the candidate's GPUs), ``timeout_s`` (per tool run), ``pip_args`` (list, for the sdist download; else $SCOREBOARD_PIP_ARGS),
+  ``reference_source`` (a transport for the pinned source, source.ReferenceSource; else $SCOREBOARD_REFERENCE_SOURCE).
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ class LlamaCppEngine(Engine):
         return ref
 
     def _plan(self, target: EngineTarget) -> build.BuildPlan:
-        return build.plan_build(self._reference(target), target.device, target.options.get("reference_id", "<id>"))
+        import dataclasses
+
+        plan = build.plan_build(self._reference(target), target.device, target.options.get("reference_id", "<id>"))
+        return dataclasses.replace(plan, source_spec=str(target.options.get("reference_source") or ""))
 
     def _identity(self, plan: build.BuildPlan, manifest: dict[str, Any] | None,
                   settings: bench.RunSettings) -> EngineIdentity:
@@ -122,6 +126,10 @@ class LlamaCppEngine(Engine):
         src = dict(ref.identity())
         if isinstance(ref, SdistReference) and ref.upstream:
             src["upstream"] = ref.upstream
+        if ref.tree:  # the content pin every transport must satisfy
+            src["tree"] = ref.tree
+            src["tree_exclude"] = list(ref.tree_exclude)
+        built_from = (manifest or {}).get("source", {})
         tc = plan.toolchain
         compiler = tc.compiler + (f"; nvcc {tc.nvcc_version}" if tc.nvcc else "")
         return EngineIdentity(
@@ -132,6 +140,9 @@ class LlamaCppEngine(Engine):
                    "toolchain": tc.as_dict(), "cpu": plan.cpu, "cuda_arch": plan.cuda_arch,
                    "run_flags": settings.bench_flags(), "dumper_flags": list(build.DUMPER_FLAGS),
                    "visible_devices": settings.visible_devices,
+                   # how the cached build's source arrived and the tree it hashed to ("" for older builds)
+                   "source_transport": built_from.get("transport", ""),
+                   "source_tree": built_from.get("source_tree", ""),
                    # every file and link under build/bin, recursively (binaries holds the files): the round
                    # compares them with the ones its sealed history recorded for this build_key
                    "build_links": dict(manifest.get("links", {})) if manifest else {},

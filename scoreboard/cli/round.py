@@ -68,13 +68,18 @@ def run_cmd(
         False, "--renew-reference-anchor",
         help="accept a reference build whose files differ from the ones sealed for its build key (a deliberate "
              "rebuild); recorded in the receipt"),
+    reference_source: str = typer.Option(
+        None, "--reference-source",
+        help="where the pinned reference source comes from when it is built: pin (default), git+<url>@<rev>, a "
+             "directory or the sdist file; it must hash to the pinned tree (docs/reference-pin.md; env "
+             "SCOREBOARD_REFERENCE_SOURCE)"),
 ) -> None:
     """Preflight, gate before speed, interleaved timing, verdict, seal, raise-only frontier."""
     from ..round.run import RoundOptions, run_round
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
-                        renew_reference_anchor=renew_reference_anchor)
+                        renew_reference_anchor=renew_reference_anchor, reference_source=reference_source)
     from ..round.run import UnsealedReceipt
 
     reporter = RichReporter()

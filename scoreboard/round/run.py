@@ -50,6 +50,10 @@ class RoundOptions:
     # the operator accepts a reference build whose files differ from the ones sealed for its build key (a
     # deliberate rebuild); the receipt records the previous anchor round and every difference
     renew_reference_anchor: bool = False
+    # where the reference's pinned source comes from when it must be built (engines.llamacpp.source.ReferenceSource:
+    # "pin", git+<url>@<rev>, a directory, an sdist file); None = $SCOREBOARD_REFERENCE_SOURCE, else the pin's own.
+    # Any transport must deliver exactly the pinned tree.
+    reference_source: str | None = None
 
 
 class UnsealedReceipt(ScoreboardError):
@@ -145,7 +149,10 @@ class Round:
 
     def reference_target(self) -> EngineTarget:
         """The reference's target: one process, llama.cpp's own split mode over the candidate's GPUs."""
-        opts = {"split_mode": self.target.parallel.reference_split_mode}
+        opts: dict[str, Any] = {"split_mode": self.target.parallel.reference_split_mode,
+                                "reference_id": self.target.reference}
+        if self.opts.reference_source:
+            opts["reference_source"] = self.opts.reference_source
         visible = self.device_env().get("CUDA_VISIBLE_DEVICES")
         if visible:
             opts["visible_devices"] = visible
