@@ -114,3 +114,18 @@ def test_lock_options_reach_the_engine_and_round_overrides_win_key_by_key(lock, 
         "lock": {"dtype": "bfloat16"}, "round_overrides": {"faults": ["mla_as_mqa"]},
         "effective": {"dtype": "bfloat16", "faults": ["mla_as_mqa"]}}
     assert not r["gate"]["pass"]  # the fault bites: the options really ran
+
+
+def test_the_cli_runs_the_gpu_target_and_this_box_is_refused_by_its_node_class(lock, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--target", "k3-gpu-h200",
+                          "--lock", str(lock), "--rounds", str(tmp_path / "rounds"), "--no-seal", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stdout + out.stderr
+    import json
+
+    r = json.loads(out.stdout[out.stdout.index("{"):])
+    assert r["aborted"]["stage"] == "preflight" and "node class 'h200x1'" in r["aborted"]["reason"]
+    assert r["provenance"]["candidate_options"]["effective"] == {"dtype": "float16", "cuda_graph": True}
