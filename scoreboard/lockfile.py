@@ -53,6 +53,15 @@ def _check_sha(value: str, pattern: re.Pattern[str], what: str, allow_empty: boo
     return value
 
 
+def _check_exclude(v: tuple[str, ...]) -> tuple[str, ...]:
+    for e in v:
+        if not e or e.startswith("/") or ".." in e.split("/") or e in (".", ".git"):
+            raise ValueError(f"tree_exclude entries are paths relative to the source root, got {e!r}")
+    if len(set(v)) != len(v):
+        raise ValueError("tree_exclude has duplicates")
+    return v
+
+
 class GitReference(_Model):
     kind: Literal["git"]
     repo: str
@@ -60,11 +69,25 @@ class GitReference(_Model):
     commit: str
     base_commit: str
     cmake_flags: Tuple[str] = ()
+    # the git tree id of the source as built (tree_exclude left out): any transport that delivers exactly this
+    # tree satisfies the pin; "" = not pinned by tree (only the pinned repository and commit can deliver it)
+    tree: str = ""
+    tree_exclude: Tuple[str] = ()  # root-relative paths that are not build inputs, removed before hashing
 
     @field_validator("commit", "base_commit")
     @classmethod
     def _sha(cls, v: str) -> str:
         return _check_sha(v, _SHA1, "a git commit")
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
+
+    @field_validator("tree_exclude")
+    @classmethod
+    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_exclude(v)
 
     def identity(self) -> dict[str, str]:
         return {"kind": "git", "repo": self.repo, "ref": self.ref, "commit": self.commit, "base_commit": self.base_commit}
@@ -78,11 +101,23 @@ class SdistReference(_Model):
     subdir: str
     upstream: str = ""  # informational, e.g. "ggml-org/llama.cpp@0c1e57098"
     cmake_flags: Tuple[str] = ()
+    tree: str = ""  # git tree id of `subdir` as built (tree_exclude left out); "" = only the sdist can deliver it
+    tree_exclude: Tuple[str] = ()
 
     @field_validator("sha256")
     @classmethod
     def _sha(cls, v: str) -> str:
         return _check_sha(v, _SHA256, "an sdist sha256")
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
+
+    @field_validator("tree_exclude")
+    @classmethod
+    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_exclude(v)
 
     def identity(self) -> dict[str, str]:
         return {"kind": "pypi-sdist", "package": self.package, "version": self.version, "sha256": self.sha256,
@@ -247,6 +282,9 @@ class Target(_Model):
     speed: SpeedPolicy
     fit: FitPolicy | None = None
     parallel: ParallelPolicy = Field(default_factory=ParallelPolicy)
+    # the candidate engine's options (dtype, CUDA graphs, ...): they change what is measured, so the target pins
+    # them; validated against the engine's typed model (engine_option_problems) and sealed with lock_target
+    candidate_options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("geometry")
     @classmethod
@@ -448,6 +486,49 @@ def _slot_problems(lock: Lock) -> list[str]:
     return problems
 
 
+def engine_option_problems(engine: str, options: dict[str, Any], path: str, in_lock: bool = True) -> list[str] | None:
+    """Problems of `options` for `engine` through its typed options model, each prefixed with `path`
+    (``targets.<id>.candidate_options``); None when the engine or its model cannot be found here.
+
+    in_lock: only what a target may pin (the engine's LockOptions); else everything the engine reads.
+    """
+    from . import registry
+
+    models = registry.options_models(engine)
+    if models is None:
+        return None
+    lock_model, full_model = models
+    model = lock_model if in_lock else full_model
+    known = ", ".join(model.model_fields) or "none"
+    problems: list[str] = []
+    for name in sorted(options):
+        if in_lock and name in full_model.model_fields and name not in lock_model.model_fields:
+            problems.append(f"{path}.{name}: {engine} reads this option, but only tests and calibration set it "
+                            f"(RoundOptions.candidate_options), never a target: remove it from the lock")
+    if problems:
+        return problems
+    try:
+        model.model_validate(dict(options))
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            where = f"{path}.{where}" if where else path
+            if err["type"] == "extra_forbidden":
+                problems.append(f"{where}: unknown {engine} option (known: {known}); remove it or check its spelling")
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {msg}, got {err.get('input')!r} (engine {engine}; options: {known})")
+    return problems
+
+
+def _option_problems(lock: Lock) -> list[str]:
+    problems: list[str] = []
+    for tid, t in lock.targets.items():
+        problems += engine_option_problems(t.candidate_engine, t.candidate_options,
+                                           f"targets.{tid}.candidate_options") or []
+    return problems
+
+
 def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
     """Parse and validate lock text; raise LockError listing every problem with its path."""
     try:
@@ -468,7 +549,7 @@ def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
         lock = Lock.model_validate(data)
     except ValidationError as exc:
         raise LockError(_pydantic_problems(exc) + names, path) from None
-    problems = names or _slot_problems(lock)  # slot names derive from valid targets only
+    problems = names or (_slot_problems(lock) + _option_problems(lock))  # slot names derive from valid targets only
     if problems:
         raise LockError(problems, path)
     return lock

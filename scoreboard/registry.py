@@ -16,6 +16,7 @@ from .errors import InputError
 
 GROUP = "scoreboard.engines"
 _injected: dict[str, Callable[[], Engine] | str] = {}
+_injected_options: dict[str, tuple[type, type]] = {}
 
 
 def _table() -> dict[str, str | Callable[[], Engine]]:
@@ -36,6 +37,44 @@ def inject(name: str, factory: Callable[[], Engine] | str) -> None:
 
 def uninject(name: str) -> None:
     _injected.pop(name, None)
+    _injected_options.pop(name, None)
+
+
+def inject_options(name: str, lock_model: type, full_model: type | None = None) -> None:
+    """Typed options for an injected engine (tests): see :func:`options_models`."""
+    _injected_options[name] = (lock_model, full_model or lock_model)
+
+
+def options_models(name: str) -> tuple[type, type] | None:
+    """(what a lock may set, what the engine reads) for engine `name`, as pydantic models; None when unknown.
+
+    An engine declares them in the module ``options`` beside its entry point's module (``engines.sparkinfer.options``
+    for ``engines.sparkinfer.engine:SparkInferEngine``) as ``LockOptions`` and ``Options``; that module must not
+    import torch or the engine itself, because the lock loader imports it. An engine without such a module accepts
+    no options. Unknown engines and engines that cannot be imported give None (preflight reports them).
+    """
+    if name in _injected_options:
+        return _injected_options[name]
+    spec = _table().get(name)
+    if spec is None or callable(spec):
+        return None
+    module = spec.partition(":")[0].rpartition(".")[0] + ".options"
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):  # the engine has no options module
+            from pydantic import BaseModel, ConfigDict
+
+            class NoOptions(BaseModel):
+                model_config = ConfigDict(extra="forbid")
+
+            return NoOptions, NoOptions
+        return None
+    except ImportError:
+        return None
+    lock_model = getattr(mod, "LockOptions", None)
+    full_model = getattr(mod, "Options", lock_model)
+    return (lock_model, full_model) if lock_model is not None else None
 
 
 def load(name: str) -> Engine:

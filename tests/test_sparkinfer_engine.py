@@ -16,7 +16,7 @@ from engines.sparkinfer.faults import GATE_FAULTS
 from scoreboard import registry
 from scoreboard.contract import run_contract
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
-from scoreboard.errors import EngineError, InputError
+from scoreboard.errors import EngineError
 from scoreboard.gate import gate_positions, grade_depth
 from scoreboard.lockfile import load_lock
 from scoreboard.round.prompt import draw_prompt
@@ -67,7 +67,7 @@ def test_describe_pins_the_source_and_what_would_run(shards):
     assert engine.describe(target(shards)).extra["faults"] == []
     with pytest.raises(EngineError, match="options.dtype"):
         engine.describe(target(shards, dtype="float8"))
-    with pytest.raises(InputError, match="unknown fault"):
+    with pytest.raises(EngineError, match=r"options\.faults: .*unknown fault"):  # the typed options (options.py)
         engine.describe(target(shards, faults=["typo"]))
 
 

@@ -145,7 +145,7 @@ def test_the_option_is_recorded_and_refused_where_it_cannot_run(shards):
     assert engine.describe(_target(shards, cuda_graph=False)).extra["cuda_graph"] is False
     with pytest.raises(EngineError, match="options.cuda_graph: CUDA graphs need a cuda target"):
         engine.describe(_target(shards, cuda_graph=True))
-    with pytest.raises(EngineError, match="options.cuda_graph: expected true or false, not 'yes'"):
+    with pytest.raises(EngineError, match="options.cuda_graph: Input should be a valid boolean"):
         engine.describe(_target(shards, "cuda", cuda_graph="yes"))
 
 

@@ -107,8 +107,10 @@ def run_bench(llama_bench: Path, model: Path, workload: Workload, geometry: Geom
     cmd = bench_command(llama_bench, model, workload, geometry, settings, reps)
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
+        # cwd = the hashed bin dir: the binaries' RUNPATH ends in an empty entry, which the loader reads as the
+        # working directory, so a library in any other cwd would load unhashed
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s, env=settings.env(),
-                              check=False)
+                              cwd=llama_bench.parent, check=False)
     except subprocess.TimeoutExpired as exc:
         log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")
         raise EngineError(f"llama-bench timed out after {timeout_s} s; log: {log}",

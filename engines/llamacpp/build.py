@@ -9,8 +9,11 @@ Layout (under ``<cache>/llamacpp/build/<key>/``)::
 
 Manifest format history (``format``): 1 — this version.
 
-A build is "good" only while ``manifest.json`` exists and every file in ``build/bin`` re-hashes to the
-recorded sha256 (a candidate running as root could tamper with a persisted reference). Anything else is
+A build is "good" only while ``manifest.json`` exists and every file under ``build/bin`` (recursively: the
+loader searches its subdirectories) re-hashes to the recorded sha256 (a candidate running as root could tamper
+with a persisted reference). The manifest sits in the same writable cache, so it is not the anchor of trust: the
+round compares the fresh hashes with the ones its sealed history recorded for the same build key
+(scoreboard.round.evidence). Anything else is
 rebuilt clean: the whole tree, or only the logits dumper when that is the one binary that differs (the
 dumper is a single translation unit compiled straight to its binary, so its rebuild is clean too).
 """
@@ -36,6 +39,7 @@ from typing import Any
 
 from scoreboard.errors import EngineError, InputError
 from scoreboard.lockfile import GitReference, SdistReference, atomic_write_text
+from scoreboard.round.evidence import compare_scans
 
 from . import source
 
@@ -183,6 +187,9 @@ class BuildPlan:
     cpu: dict[str, str]
     cuda_arch: str = ""
     build_commit: str = ""
+    # the transport of the source (source.ReferenceSource spec; "" = $SCOREBOARD_REFERENCE_SOURCE, else the pin's
+    # own): not part of the key, because every transport must deliver the same verified tree
+    source_spec: str = ""
 
     def key_inputs(self) -> dict[str, Any]:
         return {"key_format": KEY_FORMAT, "source": self.reference.identity(), "device": self.device,
@@ -254,7 +261,7 @@ class Build:
         return self.bin_dir / name
 
     def verify(self) -> list[str]:
-        """Re-hash every binary against the manifest; return the problems (empty = good)."""
+        """Re-hash every file under build/bin (recursively) against the manifest; return the problems (empty = good)."""
         return verify_binaries(self.bin_dir, self.manifest)
 
 
@@ -263,33 +270,50 @@ def sha256_file(path: Path) -> str:
 
 
 def _scan_bin(bin_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(regular file -> sha256, symlink -> target) for every entry of bin_dir."""
+    """(regular file -> sha256, symlink -> target) for every entry under bin_dir, recursively, keyed by the path
+    relative to bin_dir.
+
+    Recursively, because the dynamic loader searches subdirectories of every RUNPATH entry
+    (``$ORIGIN/glibc-hwcaps/x86-64-v4/`` before ``$ORIGIN``): a library planted there is loaded by every tool.
+    Anything that is neither a regular file, a symlink nor a directory is recorded as a file with the hash
+    "not-a-regular-file" so that it can never match a recorded hash.
+    """
     files, links = {}, {}
-    for p in sorted(bin_dir.iterdir()):
-        if p.is_symlink():
-            links[p.name] = os.readlink(p)
-        elif p.is_file():
-            files[p.name] = sha256_file(p)
-    return files, links
+    for dirpath, dirnames, filenames in os.walk(bin_dir):
+        here = Path(dirpath)
+        for name in sorted(dirnames):
+            p = here / name
+            if p.is_symlink():  # os.walk does not descend into directory links: record them as links
+                links[str(p.relative_to(bin_dir))] = os.readlink(p)
+        for name in sorted(filenames):
+            p = here / name
+            rel = str(p.relative_to(bin_dir))
+            if p.is_symlink():
+                links[rel] = os.readlink(p)
+            elif p.is_file():
+                files[rel] = sha256_file(p)
+            else:
+                files[rel] = "not-a-regular-file"
+    return dict(sorted(files.items())), dict(sorted(links.items()))
+
+
+def scan_build(bin_dir: Path) -> dict[str, dict[str, str]]:
+    """A fresh hash of everything under bin_dir: {"files": relpath -> sha256, "links": relpath -> target}."""
+    files, links = _scan_bin(bin_dir)
+    return {"files": files, "links": links}
+
+
+def files_digest(scan: dict[str, dict[str, str]]) -> str:
+    """One sha256 over a scan (canonical JSON): the build's file manifest in one value."""
+    blob = json.dumps(scan, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
 
 
 def verify_binaries(bin_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    """Re-hash everything under bin_dir (recursively) against the manifest; return the problems."""
     if not bin_dir.is_dir():
         return [f"{bin_dir} is missing"]
-    files, links = _scan_bin(bin_dir)
-    want, want_links = manifest.get("binaries", {}), manifest.get("links", {})
-    problems = []
-    for name, sha in sorted(want.items()):
-        if name not in files:
-            problems.append(f"{name}: missing")
-        elif files[name] != sha:
-            problems.append(f"{name}: sha256 {files[name]} != recorded {sha}")
-    problems += [f"{name}: not recorded in the manifest" for name in sorted(set(files) - set(want))]
-    for name, target in sorted(want_links.items()):
-        if links.get(name) != target:
-            problems.append(f"{name}: link -> {links.get(name)!r}, recorded -> {target!r}")
-    problems += [f"{name}: link not recorded in the manifest" for name in sorted(set(links) - set(want_links))]
-    return problems
+    return compare_scans(scan_build(bin_dir), manifest.get("binaries", {}), manifest.get("links", {}), "the manifest")
 
 
 def read_manifest(root: Path) -> dict[str, Any] | None:
@@ -412,7 +436,8 @@ def full_build(plan: BuildPlan, root: Path, cache_dir: Path, progress: Progress 
     (root / "logs").mkdir(parents=True)
     atomic_write_text(root / "inputs.json", json.dumps(plan.key_inputs(), indent=2, sort_keys=True) + "\n")
     t0 = time.monotonic()
-    info = source.materialize(plan.reference, cache_dir, root / "src", plan.ref_id, pip_args, progress)
+    info = source.materialize(plan.reference, cache_dir, root / "src", plan.ref_id, pip_args, progress,
+                              plan.source_spec or None)
     t1 = time.monotonic()
     tc = plan.toolchain
     configure = [tc.cmake, "-S", str(root / "src"), "-B", str(root / "build"), "-G", tc.generator, *plan.cmake_flags]
@@ -468,6 +493,10 @@ def ensure_build(plan: BuildPlan, cache_dir: Path, progress: Progress | None = N
             problems = verify_binaries(root / "build" / "bin", manifest)
             checks = {"rehashed": len(manifest["binaries"]), "problems": problems}
             stale_dumper = manifest.get("dumper", {}).get("source_sha256") != sha256_file(DUMPER_SOURCE)
+            built_tree = manifest.get("source", {}).get("source_tree")
+            if plan.reference.tree and built_tree is not None and built_tree != plan.reference.tree:
+                # built from a tree verified against another tree pin (the lock's tree was changed): rebuild
+                problems = problems + [f"source tree {built_tree} is not the pinned tree {plan.reference.tree}"]
             if not problems and not stale_dumper:
                 return Build(root=root, manifest=manifest, rebuilt="", checks=checks)
             only_dumper = all(p.startswith((f"{DUMPER}:", f".{DUMPER}")) for p in problems)

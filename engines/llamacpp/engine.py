@@ -5,7 +5,8 @@ Options read from ``EngineTarget.options`` (all optional):
   ``flash_attn`` (1 | 0 | -1, default 1), ``n_gpu_layers`` (default 99 on cuda, 0 on cpu),
   ``split_mode`` ("none" | "layer" | "row", default "layer": llama.cpp's ``-sm`` over the visible GPUs, the
   lock's ``parallel.reference_split_mode``), ``visible_devices`` (CUDA_VISIBLE_DEVICES for the tool runs, set by
-  the round to the candidate's GPUs), ``timeout_s`` (per tool run), ``pip_args`` (list, for the sdist download; else $SCOREBOARD_PIP_ARGS).
+  the round to the candidate's GPUs), ``timeout_s`` (per tool run), ``pip_args`` (list, for the sdist download; else $SCOREBOARD_PIP_ARGS),
+  ``reference_source`` (a transport for the pinned source, source.ReferenceSource; else $SCOREBOARD_REFERENCE_SOURCE).
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ class LlamaCppEngine(Engine):
         return ref
 
     def _plan(self, target: EngineTarget) -> build.BuildPlan:
-        return build.plan_build(self._reference(target), target.device, target.options.get("reference_id", "<id>"))
+        import dataclasses
+
+        plan = build.plan_build(self._reference(target), target.device, target.options.get("reference_id", "<id>"))
+        return dataclasses.replace(plan, source_spec=str(target.options.get("reference_source") or ""))
 
     def _identity(self, plan: build.BuildPlan, manifest: dict[str, Any] | None,
                   settings: bench.RunSettings) -> EngineIdentity:
@@ -122,6 +126,10 @@ class LlamaCppEngine(Engine):
         src = dict(ref.identity())
         if isinstance(ref, SdistReference) and ref.upstream:
             src["upstream"] = ref.upstream
+        if ref.tree:  # the content pin every transport must satisfy
+            src["tree"] = ref.tree
+            src["tree_exclude"] = list(ref.tree_exclude)
+        built_from = (manifest or {}).get("source", {})
         tc = plan.toolchain
         compiler = tc.compiler + (f"; nvcc {tc.nvcc_version}" if tc.nvcc else "")
         return EngineIdentity(
@@ -132,6 +140,15 @@ class LlamaCppEngine(Engine):
                    "toolchain": tc.as_dict(), "cpu": plan.cpu, "cuda_arch": plan.cuda_arch,
                    "run_flags": settings.bench_flags(), "dumper_flags": list(build.DUMPER_FLAGS),
                    "visible_devices": settings.visible_devices,
+                   # how the cached build's source arrived and the tree it hashed to ("" for older builds)
+                   "source_transport": built_from.get("transport", ""),
+                   "source_tree": built_from.get("source_tree", ""),
+                   # every file and link under build/bin, recursively (binaries holds the files): the round
+                   # compares them with the ones its sealed history recorded for this build_key
+                   "build_links": dict(manifest.get("links", {})) if manifest else {},
+                   "build_files_sha256": build.files_digest({"files": dict(manifest["binaries"]),
+                                                             "links": dict(manifest.get("links", {}))})
+                   if manifest else "",
                    "built": manifest is not None})
 
     # ------------------------------------------------------------------------------------------
@@ -155,7 +172,7 @@ class LlamaCppEngine(Engine):
         b = prepare_build(plan.reference, cache_dir, plan.device, plan.ref_id, progress,
                           list(pip_args) if pip_args is not None else None, plan)
         n_vocab = logits.gguf_vocab_size(Path(target.model_path))
-        runs = cache_dir / "llamacpp" / "runs"
+        runs = (cache_dir / "llamacpp" / "runs").resolve()  # the tools run with cwd = the bin dir
         runs.mkdir(parents=True, exist_ok=True)
         handle = LlamaCppHandle(build=b, target=target, settings=settings, runs_dir=runs, n_vocab=n_vocab)
         notes = {"cache_hit": b.rebuilt == "", "rebuilt": b.rebuilt, "checks": b.checks,
@@ -181,7 +198,7 @@ class LlamaCppEngine(Engine):
         """float32 [len(positions), vocab] through the dumper, geometry/threads as actually used."""
         h = self._handle(prepared)
         log = self._log(h, "logits")
-        out = logits.run_dumper(h.tool(build.DUMPER), Path(h.target.model_path), request, h.settings, log,
+        out = logits.run_dumper(h.tool(build.DUMPER), Path(h.target.model_path).resolve(), request, h.settings, log,
                                 n_vocab=h.n_vocab, timeout_s=h.target.options.get("timeout_s"))
         log.unlink(missing_ok=True)
         return LogitsResult(logits=out.logits, geometry=out.geometry, command=out.command)
@@ -191,7 +208,7 @@ class LlamaCppEngine(Engine):
         h = self._handle(prepared)
         geometry: Geometry = h.target.geometry
         log = self._log(h, f"bench-{workload.phase}")
-        result = bench.run_bench(h.tool("llama-bench"), Path(h.target.model_path), workload, geometry, h.settings,
+        result = bench.run_bench(h.tool("llama-bench"), Path(h.target.model_path).resolve(), workload, geometry, h.settings,
                                  reps, h.build.manifest["build_commit"], log, h.target.options.get("timeout_s"))
         log.unlink(missing_ok=True)
         h.last_record = result.record

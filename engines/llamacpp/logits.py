@@ -107,6 +107,7 @@ def run_dumper(dumper: Path, model: Path, request: LogitsRequest, settings: RunS
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
                                   env=settings.env(),
+                                  cwd=dumper.parent,  # the hashed bin dir (RUNPATH's empty entry = the cwd)
                                   check=False)
         except subprocess.TimeoutExpired:
             log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n", encoding="utf-8")

@@ -322,20 +322,303 @@ def extract_sdist(ref: SdistReference, tarball: Path, dest: Path, ref_id: str = 
 
 
 # ----------------------------------------------------------------------------------------------
-# entry points used by the builder
+# the source tree's content hash: what every transport must deliver
+
+SOURCE_ENV = "SCOREBOARD_REFERENCE_SOURCE"  # a transport for the round's reference source (see ReferenceSource)
+
+
+def _git_env(git_dir: Path, index: Path | None = None) -> dict[str, str]:
+    """Plumbing that reads no user or system configuration (no filters, no autocrlf, no hooks)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update({"GIT_DIR": str(git_dir), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
+                "GIT_AUTHOR_NAME": "scoreboard", "GIT_AUTHOR_EMAIL": "scoreboard@localhost",
+                "GIT_COMMITTER_NAME": "scoreboard", "GIT_COMMITTER_EMAIL": "scoreboard@localhost",
+                "GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z"})
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
+    return env
+
+
+def _plumb(args: list[str], env: dict[str, str], data: bytes | None = None) -> bytes:
+    proc = subprocess.run(["git", *args], input=data, env=env, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise EngineError(f"git {' '.join(args[:3])} failed (exit {proc.returncode}): "
+                          f"{proc.stderr.decode(errors='replace').strip()[:500]}", "check that git >= 2.20 is installed")
+    return proc.stdout
+
+
+def _excluded(rel: str, exclude: tuple[str, ...]) -> bool:
+    return any(rel == e or rel.startswith(e.rstrip("/") + "/") for e in exclude)
+
+
+def tree_entries(root: Path, exclude: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(git mode, path relative to root) for every file and symlink under root, sorted; `.git` entries and the
+    root-relative paths in `exclude` are left out. Refuses what a git tree cannot hold."""
+    out: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(root).as_posix()
+        keep = []
+        for d in sorted(dirnames):
+            rel = d if rel_dir == "." else f"{rel_dir}/{d}"
+            if d == ".git" or _excluded(rel, exclude):
+                continue
+            if (here / d).is_symlink():
+                out.append(("120000", rel))
+            else:
+                keep.append(d)
+        dirnames[:] = keep
+        for f in filenames:
+            rel = f if rel_dir == "." else f"{rel_dir}/{f}"
+            if f == ".git" or _excluded(rel, exclude):
+                continue
+            if "\n" in rel:
+                raise InputError(f"{root / rel}: a file name with a newline cannot be pinned", "remove the file")
+            p = here / f
+            if p.is_symlink():
+                out.append(("120000", rel))
+            elif p.is_file():
+                out.append(("100755" if p.stat().st_mode & 0o100 else "100644", rel))
+            else:
+                raise InputError(f"{p}: neither a regular file nor a symlink; a source tree cannot hold it",
+                                 "remove it from the tree")
+    return sorted(out, key=lambda e: e[1])
+
+
+def tree_hash(root: Path, exclude: tuple[str, ...] = (), git_dir: Path | None = None) -> str:
+    """The git tree id of the files under `root` as they are on disk: raw bytes (no filters, no .gitattributes,
+    no .gitignore: every file counts), exec bit and symlinks as git records them, `.git` entries and the
+    root-relative `exclude` paths left out. Empty directories are not part of a git tree.
+
+    Computed with plumbing over a temporary index (hash-object --no-filters, update-index --index-info,
+    write-tree); with `git_dir` the objects are written into that repository (the carried form), else into a
+    throwaway one.
+    """
+    root = Path(root)
+    entries = tree_entries(root, exclude)
+    with tempfile.TemporaryDirectory(prefix="sb-tree-") as tmp:
+        gd = Path(git_dir) if git_dir is not None else Path(tmp) / "objects.git"
+        if not (gd / "objects").is_dir():
+            _plumb(["init", "-q", "--bare", str(gd)], {k: v for k, v in _git_env(gd).items() if k != "GIT_DIR"})
+        env = _git_env(gd, Path(tmp) / "index")
+        files = [rel for mode, rel in entries if mode != "120000"]
+        shas = _plumb(["hash-object", "-w", "--no-filters", "--stdin-paths"], env,
+                      "".join(str(root / r) + "\n" for r in files).encode()).decode().split()
+        by_path = dict(zip(files, shas))
+        for mode, rel in entries:
+            if mode == "120000":
+                by_path[rel] = _plumb(["hash-object", "-w", "--stdin"], env,
+                                      os.fsencode(os.readlink(root / rel))).decode().strip()
+        info = b"".join(f"{mode} {by_path[rel]}\t".encode() + rel.encode() + b"\0" for mode, rel in entries)
+        if info:
+            _plumb(["update-index", "--add", "-z", "--index-info"], env, info)
+        return _plumb(["write-tree"], env).decode().strip()
+
+
+def drop_excluded(dest: Path, exclude: tuple[str, ...]) -> list[str]:
+    """Remove the pin's declared exclusions (root-relative paths that are not build inputs) from `dest`."""
+    dropped = []
+    for e in exclude:
+        p = dest / e
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
+        else:
+            continue
+        dropped.append(e)
+    return dropped
+
+
+# ----------------------------------------------------------------------------------------------
+# transports: anything that delivers exactly the pinned tree
+
+@dataclass(frozen=True)
+class ReferenceSource:
+    """Where the round takes the pinned source from (``--reference-source`` or $SCOREBOARD_REFERENCE_SOURCE).
+
+    * ``pin`` (the default): the pin's own transport: pip (or the verified download cache) for an sdist, the
+      pinned repository for a git reference;
+    * ``git+<url>@<rev>`` (``git+file:///srv/llama.cpp.git@<commit>``, also ``git+/path@<rev>``): a git mirror;
+    * a directory: a local copy of the source tree;
+    * a ``.tar.gz`` file: the sdist itself from a local path (its sha256 is checked like a download's).
+
+    Whatever the transport, the tree delivered is hashed before the build and must equal the pin's ``tree``.
+    """
+
+    kind: str  # "pin", "git", "dir", "sdist-file"
+    location: str = ""
+    rev: str = ""
+
+    @classmethod
+    def parse(cls, spec: str | None) -> "ReferenceSource":
+        spec = (spec if spec is not None else os.environ.get(SOURCE_ENV, "")).strip()
+        if spec in ("", "pin", "pypi"):
+            return cls("pin")
+        if spec.startswith("git+"):
+            url, at, rev = spec[4:].rpartition("@")
+            if not at or not url:
+                url, rev = spec[4:], ""
+            return cls("git", url, rev)
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            return cls("dir", str(path.resolve()))
+        if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+            return cls("sdist-file", str(path.resolve()))
+        raise InputError(f"reference source {spec!r}: not 'pin', git+<url>@<rev>, a directory or a .tar.gz file",
+                         f"pass --reference-source (or ${SOURCE_ENV}) as one of those")
+
+    def describe(self) -> str:
+        if self.kind == "pin":
+            return "pin"
+        if self.kind == "git":
+            return f"git+{self.location}" + (f"@{self.rev}" if self.rev else "")
+        return self.location
+
+
+def _tree_pin_problem(reference: GitReference | SdistReference, ref_id: str, actual: str, how: str) -> None:
+    if reference.tree and actual != reference.tree:
+        raise PinError(f"references.{ref_id}: the source delivered by {how} hashes to tree {actual}, but the pin is "
+                       f"tree {reference.tree} (excluding {list(reference.tree_exclude) or 'nothing'}); nothing was "
+                       "built", "deliver exactly the pinned source (see docs/reference-pin.md), or re-pin "
+                       f"references.{ref_id}.tree deliberately after review")
+
+
+def _extract_git(url: str, rev: str, dest: Path, ref_id: str) -> str:
+    """Fetch `rev` from `url` into a throwaway bare repo and write its files into `dest` (no checkout filters:
+    blobs are written byte for byte from the objects); return the commit."""
+    with tempfile.TemporaryDirectory(prefix="sb-srcgit-") as tmp:
+        gd = Path(tmp) / "g.git"
+        _plumb(["init", "-q", "--bare", str(gd)], {k: v for k, v in _git_env(gd).items() if k != "GIT_DIR"})
+        env = _git_env(gd)
+        want = rev or "HEAD"
+        proc = subprocess.run(["git", "fetch", "-q", "--no-tags", url, f"+{want}:refs/scoreboard/src"], env=env,
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0 and len(want) == 40:  # a bare SHA: fetch everything, then look it up
+            proc = subprocess.run(["git", "fetch", "-q", "--no-tags", url, "+refs/*:refs/remotes/src/*"], env=env,
+                                  capture_output=True, text=True, check=False)
+            if proc.returncode == 0:
+                _plumb(["update-ref", "refs/scoreboard/src", want], env)
+        if proc.returncode != 0:
+            raise TransientError(f"references.{ref_id}: could not fetch {want} from {url}: {proc.stderr.strip()[:400]}",
+                                 "check the mirror's URL/path and revision (git+<url>@<rev>)")
+        commit = _plumb(["rev-parse", "refs/scoreboard/src^{commit}"], env).decode().strip()
+        listing = _plumb(["ls-tree", "-r", "-z", "--full-tree", commit], env).split(b"\0")
+        dest.mkdir(parents=True)
+        entries = []
+        for item in filter(None, listing):
+            meta, path = item.split(b"\t", 1)
+            mode, kind, sha = meta.decode().split()
+            if kind != "blob":
+                raise PinError(f"references.{ref_id}: {url}@{want} holds a {kind} at {path.decode()} (a submodule?)",
+                               "carry the source as one plain tree (docs/reference-pin.md)")
+            entries.append((mode, os.fsdecode(path), sha))
+        blobs = _plumb(["cat-file", "--batch"], env, "".join(f"{sha}\n" for _m, _p, sha in entries).encode())
+        off = 0
+        for mode, rel, sha in entries:
+            head_end = blobs.index(b"\n", off)
+            size = int(blobs[off:head_end].split()[2])
+            data = blobs[head_end + 1: head_end + 1 + size]
+            off = head_end + 1 + size + 1
+            target = dest / rel
+            if ".." in Path(rel).parts or Path(rel).is_absolute():
+                raise PinError(f"references.{ref_id}: unsafe path {rel!r} in {url}@{want}", "do not use this mirror")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if mode == "120000":
+                os.symlink(os.fsdecode(data), target)
+            else:
+                target.write_bytes(data)
+                if mode == "100755":
+                    target.chmod(0o755)
+        return commit
+
+
+def _copy_dir(src: Path, dest: Path) -> None:
+    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+
 
 def materialize(reference: GitReference | SdistReference, cache_dir: Path, dest: Path, ref_id: str = "<id>",
-                pip_args: list[str] | None = None, progress: Progress | None = None) -> SourceInfo:
-    """Put a fresh, verified copy of the pinned source tree at `dest` (which must not exist)."""
+                pip_args: list[str] | None = None, progress: Progress | None = None,
+                source: ReferenceSource | str | None = None) -> SourceInfo:
+    """Put a fresh, verified copy of the pinned source tree at `dest` (which must not exist).
+
+    `source` is the transport (ReferenceSource or its spec; default $SCOREBOARD_REFERENCE_SOURCE, else the pin's
+    own). Whatever delivered it, the pin's declared exclusions are removed and the tree is hashed: it must be the
+    pin's ``tree`` (a pin without a tree can only be delivered by its own transport, verified by sha256/commit).
+    """
+    src = source if isinstance(source, ReferenceSource) else ReferenceSource.parse(source)
+    if dest.exists():
+        raise EngineError(f"{dest}: source destination already exists", "remove it and retry")
+    own = src.kind == "pin" or (isinstance(reference, GitReference) and src.kind == "git") or (
+        isinstance(reference, SdistReference) and src.kind == "sdist-file")  # verified by commit / sha256
+    if not own and not reference.tree:
+        raise PinError(f"references.{ref_id}: the reference source {src.describe()!r} can only be verified by a tree "
+                       f"pin, and references.{ref_id}.tree is empty", "use the pin's own transport, or pin the tree "
+                       "after review (docs/reference-pin.md says how to compute it)")
     if isinstance(reference, GitReference):
-        return checkout_git(reference, cache_dir, dest, ref_id, progress)
-    if isinstance(reference, SdistReference):
-        tarball = fetch_sdist(reference, cache_dir, ref_id, pip_args, progress)
-        _say(progress, f"extracting {reference.subdir} from {tarball.name}")
-        detail = extract_sdist(reference, tarball, dest, ref_id)
-        return SourceInfo(identity=reference.identity(), build_commit=build_stamp(reference), detail=detail)
-    raise InputError(f"references.{ref_id}: unsupported reference {type(reference).__name__}",
-                     "use kind = 'git' or kind = 'pypi-sdist'")
+        if src.kind == "pin":
+            info = checkout_git(reference, cache_dir, dest, ref_id, progress)
+            detail = dict(info.detail)
+        elif src.kind == "git":
+            _say(progress, f"fetching {reference.commit[:12]} from {src.location}")
+            commit = _extract_git(src.location, src.rev or reference.commit, dest, ref_id)
+            if not reference.tree and commit != reference.commit:
+                raise PinError(f"references.{ref_id}: {src.describe()} delivered commit {commit}, the pin is "
+                               f"{reference.commit} (and the tree is not pinned)", "fetch the pinned commit")
+            detail = {"resolved_commit": commit}
+        else:
+            _copy_dir(Path(src.location), dest) if src.kind == "dir" else _unsupported(src, ref_id)
+            detail = {}
+    elif isinstance(reference, SdistReference):
+        if src.kind in ("pin", "sdist-file"):
+            if src.kind == "pin":
+                tarball = fetch_sdist(reference, cache_dir, ref_id, pip_args, progress)
+            else:
+                tarball = Path(src.location)
+            _say(progress, f"extracting {reference.subdir} from {tarball.name}")
+            detail = extract_sdist(reference, tarball, dest, ref_id)  # sha256-checked: the transport is the sdist
+        elif src.kind == "git":
+            _say(progress, f"fetching {src.rev or 'HEAD'} from {src.location}")
+            detail = {"resolved_commit": _extract_git(src.location, src.rev, dest, ref_id)}
+        else:
+            _copy_dir(Path(src.location), dest)
+            detail = {}
+    else:
+        raise InputError(f"references.{ref_id}: unsupported reference {type(reference).__name__}",
+                         "use kind = 'git' or kind = 'pypi-sdist'")
+    dropped = drop_excluded(dest, tuple(reference.tree_exclude))
+    _say(progress, f"hashing the source tree delivered by {src.describe()}")
+    actual = tree_hash(dest, tuple(reference.tree_exclude))
+    _tree_pin_problem(reference, ref_id, actual, src.describe())
+    detail.update({"transport": src.describe(), "source_tree": actual, "tree_exclude": list(reference.tree_exclude),
+                   "excluded_present": dropped})
+    return SourceInfo(identity=reference.identity(), build_commit=build_stamp(reference), detail=detail)
+
+
+def _unsupported(src: ReferenceSource, ref_id: str) -> None:
+    raise InputError(f"references.{ref_id}: a git reference cannot be delivered as {src.kind} {src.location!r}",
+                     "use the pin, a git mirror (git+<url>@<commit>) or a directory with a pinned tree")
+
+
+def pack_git(reference: GitReference | SdistReference, cache_dir: Path, out: Path, ref_id: str = "<id>",
+             pip_args: list[str] | None = None, progress: Progress | None = None,
+             source: ReferenceSource | str | None = None) -> tuple[str, str]:
+    """The carried form: a bare git repository at `out` holding one commit whose tree is exactly the pinned tree
+    (the exclusions left out). Returns (commit, tree); deliver it with ``git+file://<out>@<commit>``."""
+    with tempfile.TemporaryDirectory(prefix="sb-pack-") as tmp:
+        info = materialize(reference, cache_dir, Path(tmp) / "src", ref_id, pip_args, progress, source)
+        out = Path(out)
+        if out.exists():
+            raise InputError(f"{out}: already exists", "pass a new path for the bare repository")
+        tree = tree_hash(Path(tmp) / "src", tuple(reference.tree_exclude), git_dir=out)
+        env = _git_env(out)
+        msg = (f"{ref_id}: pinned reference source tree {tree}\n\nexcluding {list(reference.tree_exclude)}; "
+               f"delivered by {info.detail['transport']}\n")
+        commit = _plumb(["commit-tree", tree], env, msg.encode()).decode().strip()
+        _plumb(["update-ref", "refs/heads/main", commit], env)
+        _plumb(["symbolic-ref", "HEAD", "refs/heads/main"], env)
+        _plumb(["gc", "-q", "--aggressive", "--prune=now"], env)
+        return commit, tree
 
 
 def verify_pin(reference: GitReference | SdistReference, cache_dir: Path, ref_id: str = "<id>",

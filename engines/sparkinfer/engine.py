@@ -19,7 +19,8 @@ Code paths (one for checking, the same for timing):
   ``n_tokens`` prompt tokens; :meth:`step` ingests them in ``n_ubatch`` chunks and returns ``[argmax]``
   of the last position's logits (one id).
 
-The engine never reads a clock. Options (``EngineTarget.options``): ``dtype`` of the weights and matmuls
+The engine never reads a clock. Options (``EngineTarget.options``, typed in options.py: a target pins them in
+reference.lock as ``candidate_options``): ``dtype`` of the weights and matmuls
 ("float32" by default, "bfloat16", "float16"; norms, softmaxes, router and recurrent state stay f32),
 ``cuda_graph`` (bool; default true on CUDA, refused on CPU) and ``faults`` (faults.py). On k3-mini, CUDA
 float32 matched CPU float32 to KL 4e-11; float16 / bfloat16 flip top-k routing (KL mean 0.011 / 0.028 vs
@@ -53,6 +54,7 @@ from scoreboard.engine import (
 from scoreboard.errors import EngineError, ScoreboardError, TransientError
 
 from . import OMP_WAIT_POLICY, __version__
+from . import options as _options
 from .faults import Faults, apply_config_faults, parse_faults
 from .graph import StaticDecoder
 from .model import CACHE_DTYPE, K3Cache, K3Model
@@ -123,22 +125,22 @@ def _version(pkg: str) -> str:
         return ""
 
 
+def options(target: EngineTarget) -> _options.Options:
+    """The target's options through the typed model (options.py): unknown or mistyped ones are refused."""
+    return _options.parse(target.options)
+
+
 def _dtype_name(target: EngineTarget) -> str:
-    name = str(target.options.get("dtype") or "float32")
-    if name not in DTYPES:
-        raise EngineError(f"options.dtype: unknown dtype {name!r}", f"use one of {', '.join(DTYPES)}")
-    return name
+    return options(target).dtype
 
 
 def _cuda_graph(target: EngineTarget) -> bool:
-    value = target.options.get("cuda_graph")
+    value = options(target).cuda_graph
     if value is None:
         return target.device == "cuda"
-    if not isinstance(value, bool):
-        raise EngineError(f"options.cuda_graph: expected true or false, not {value!r}", "set it to true or false")
     if value and target.device != "cuda":
         raise EngineError("options.cuda_graph: CUDA graphs need a cuda target, this one is cpu",
-                          "drop options.cuda_graph from the cpu target")
+                          "drop cuda_graph from the cpu target's candidate_options")
     return value
 
 
@@ -157,7 +159,7 @@ class SparkInferEngine(Engine):
     def describe(self, target: EngineTarget) -> EngineIdentity:
         commit = _git("rev-parse", "HEAD") or ""
         dirty = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else False
-        faults = parse_faults(target.options.get("faults"))
+        faults = parse_faults(options(target).faults or None)
         return EngineIdentity(
             engine=self.name, version=__version__,
             source={"package": "engines.sparkinfer", "commit": commit, "dirty": dirty},
@@ -186,7 +188,7 @@ class SparkInferEngine(Engine):
                                   "multi-rank targets are launched by the harness (`scoreboard round run`)")
             return prepare_rank(target)
         cfg = checked_config(target)
-        faults = parse_faults(target.options.get("faults"))
+        faults = parse_faults(options(target).faults or None)
         dtype = _dtype_name(target)
         torch.set_num_threads(_threads(target.geometry))
         weights, types = self._weights(cfg, target.device, dtype, progress)

@@ -51,6 +51,7 @@ from .engine import (
     _dtype_name,
     checked_config,
     greedy_decode,
+    options,
 )
 from .faults import Faults, apply_config_faults, parse_faults
 from .model import K3Model, K3Weights, Mat, linear, situ
@@ -366,7 +367,7 @@ def prepare_rank(target: EngineTarget, group: Any = None) -> Prepared:
     engine = SparkInferEngine()
     ident = engine.describe(target)
     cfg = checked_config(target)
-    faults = parse_faults(target.options.get("faults"))
+    faults = parse_faults(options(target).faults or None)
     dtype = _dtype_name(target)
     torch.set_num_threads(target.geometry.n_threads or 1)
     plan = plan_experts(cfg.n_expert, world)

@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("weights", "weights"),
     ("fit", "fit"),
     ("report", "report"),
+    ("reference", "reference"),
 ]
 
 EXIT_CODES = """Exit codes (every command): 0 ok; 1 error or refused input (nothing written); 2 a verdict-level

@@ -112,19 +112,34 @@ def run_cmd(
     lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
     json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON"),
+    renew_reference_anchor: bool = typer.Option(
+        False, "--renew-reference-anchor",
+        help="accept a reference build whose files differ from the ones sealed for its build key (a deliberate "
+             "rebuild); recorded in the receipt"),
+    reference_source: str = typer.Option(
+        None, "--reference-source",
+        help="where the pinned reference source comes from when it is built: pin (default), git+<url>@<rev>, a "
+             "directory or the sdist file; it must hash to the pinned tree (docs/reference-pin.md; env "
+             "SCOREBOARD_REFERENCE_SOURCE)"),
 ) -> None:
     """Preflight, gate before speed, interleaved timing, verdict, seal, raise-only frontier."""
     from ..round.run import RoundOptions, run_round
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
-                        seal=seal, rounds_dir=rounds, cache_dir=_cache_dir())
+                        seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
+                        renew_reference_anchor=renew_reference_anchor, reference_source=reference_source)
     from ..drift import reference_drift
     from ..lockfile import load_lock
+    from ..round.run import UnsealedReceipt
 
     before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
     reporter = RichReporter()
     try:
         outcome = run_round(opts, reporter)
+    except UnsealedReceipt as exc:  # print the kept receipt, then the error (exit 1) names its path
+        reporter.close()
+        print_json(json.loads(exc.path.read_text(encoding="utf-8")))
+        raise
     except KeyboardInterrupt:
         reporter.close()
         err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched "

@@ -19,6 +19,7 @@ from ..errors import InputError, ScoreboardError, TransientError
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
+from . import ready
 from .stages import GateStage, PreflightResult, SpeedStage, preflight
 
 Report = Callable[..., None]
@@ -39,11 +40,30 @@ class RoundOptions:
     seal: bool = True
     rounds_dir: Path = Path("rounds")
     cache_dir: Path = Path.home() / ".cache" / "scoreboard"
-    candidate_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"faults": ["..."]} (tests)
+    # tests and calibration only (never the CLI): merged over the target's own `candidate_options` from the lock,
+    # key by key (a key given here wins), e.g. {"faults": ["..."]}; both, and the merge, go into the receipt
+    candidate_options: dict[str, Any] = field(default_factory=dict)
     max_transient_retries: int = 2
     update_frontier: bool = True
     allow_node_mismatch: bool = False
     gate_only: bool = False  # tests: stop after the gate (no speed, no verdict, nothing sealed)
+    # the operator accepts a reference build whose files differ from the ones sealed for its build key (a
+    # deliberate rebuild); the receipt records the previous anchor round and every difference
+    renew_reference_anchor: bool = False
+    # where the reference's pinned source comes from when it must be built (engines.llamacpp.source.ReferenceSource:
+    # "pin", git+<url>@<rev>, a directory, an sdist file); None = $SCOREBOARD_REFERENCE_SOURCE, else the pin's own.
+    # Any transport must deliver exactly the pinned tree.
+    reference_source: str | None = None
+
+
+class UnsealedReceipt(ScoreboardError):
+    """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record)."""
+
+    def __init__(self, message: str, path: Path, cause_hint: str | None = None):
+        super().__init__(message, (f"{cause_hint}; then " if cause_hint else "fix the cause named above; then ")
+                         + "run the round again (an unsealed receipt is kept for inspection, it is not a measurement "
+                         "of record)")
+        self.path = path
 
 
 @dataclass
@@ -81,6 +101,10 @@ class Round:
             "verdict": None, "aborted": None, "retries": [], "commands": [], "stage_seconds": {}, "provenance": {},
         }
         self.pre: PreflightResult | None = None
+        self.candidate_options = candidate_options(self.target, opts, self.target_id)
+        self.receipt["provenance"]["candidate_options"] = {
+            "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
+            "effective": dict(self.candidate_options)}
 
     # -- helpers -------------------------------------------------------------------------------
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -113,7 +137,7 @@ class Round:
 
     def candidate_target(self) -> EngineTarget:
         """The candidate's target: parallel.ranks processes (launched by the harness when > 1)."""
-        return self.engine_target(self.opts.candidate_options, ranks=self.target.parallel.ranks)
+        return self.engine_target(self.candidate_options, ranks=self.target.parallel.ranks)
 
     def device_env(self) -> dict[str, str]:
         """Both sides' GPUs: CUDA_VISIBLE_DEVICES = the first parallel.ranks devices (cuda targets only)."""
@@ -125,7 +149,10 @@ class Round:
 
     def reference_target(self) -> EngineTarget:
         """The reference's target: one process, llama.cpp's own split mode over the candidate's GPUs."""
-        opts = {"split_mode": self.target.parallel.reference_split_mode}
+        opts: dict[str, Any] = {"split_mode": self.target.parallel.reference_split_mode,
+                                "reference_id": self.target.reference}
+        if self.opts.reference_source:
+            opts["reference_source"] = self.opts.reference_source
         visible = self.device_env().get("CUDA_VISIBLE_DEVICES")
         if visible:
             opts["visible_devices"] = visible
@@ -134,6 +161,26 @@ class Round:
     @property
     def target_id(self) -> str:
         return self.opts.target
+
+
+def candidate_options(target: Target, opts: RoundOptions, target_id: str) -> dict[str, Any]:
+    """The candidate engine's options: the lock's, with RoundOptions.candidate_options (tests, calibration)
+    over them key by key; checked against the engine's typed options model before any engine runs."""
+    from ..errors import LockError
+    from ..lockfile import engine_option_problems
+
+    merged = {**target.candidate_options, **opts.candidate_options}
+    problems = engine_option_problems(target.candidate_engine, merged, f"targets.{target_id}.candidate_options",
+                                      in_lock=False)
+    if problems is None:
+        raise InputError(f"targets.{target_id}.candidate_engine: engine {target.candidate_engine!r} or its typed "
+                         "options could not be loaded", "`scoreboard engines` lists the installed engines")
+    if problems:
+        overridden = sorted(opts.candidate_options)
+        raise LockError(problems, str(opts.lock_path),
+                        hint=(f"keys {overridden} came from RoundOptions.candidate_options, the rest from the lock"
+                              if overridden else None))
+    return merged
 
 
 def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
@@ -150,8 +197,15 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     rnd = Round(opts, lock, report)
     r = rnd.receipt
     rnd.source, rnd.main_source = src, main_src
+    # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
+    r["provenance"]["ready"] = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal,
+                                                        opts.update_frontier)
+    # the harness's own worker must start in its own environment: an environment problem, nothing written
+    report("step", message="worker imports in the worker's own environment")
+    ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(main_src or src, opts.cache_dir),
+                               rnd.device_env(), "main (harness)")
     try:
-        rnd.pre = rnd.stage("preflight", lambda: preflight(rnd))
+        rnd.pre = rnd.stage("preflight", lambda: _preflight(rnd))
         gate = GateStage(rnd)
         rnd.stage("gate", gate.run)
         if opts.gate_only:
@@ -215,6 +269,14 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
                          "(or run with --no-seal for an unsealed trial)")
 
 
+def _preflight(rnd: Round) -> PreflightResult:
+    """A PR candidate's own worker imports first (its failure is the candidate's, recorded), then preflight."""
+    if not rnd.source.is_main:
+        ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(rnd.source, rnd.opts.cache_dir),
+                                   rnd.device_env(), f"candidate ({rnd.source.label})", candidate=True)
+    return preflight(rnd)
+
+
 def _verdict(rnd: Round) -> None:
     from ..tiers import verdict_from_receipt
 
@@ -261,7 +323,13 @@ def _finish(rnd: Round) -> RoundOutcome:
     if rnd.opts.seal and rnd.lock.weights[rnd.target.weights].fully_pinned and \
             (weights_pinned or r["status"] == "aborted"):
         rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
-        path = write_receipt(r, rnd.opts.rounds_dir)
+        try:
+            path = write_receipt(r, rnd.opts.rounds_dir)
+        except Exception as exc:  # whatever broke the seal, what was measured is kept
+            saved = ready.save_unsealed(r, rnd.opts.rounds_dir, rnd.opts.cache_dir)
+            cause = exc.message if isinstance(exc, ScoreboardError) else f"{type(exc).__name__}: {exc}"
+            raise UnsealedReceipt(f"sealing failed: {cause}; the complete unsealed receipt is saved at {saved}",
+                                  saved, getattr(exc, "hint", None)) from exc
         if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
             from ..frontier import raise_frontier
 

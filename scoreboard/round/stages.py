@@ -65,7 +65,13 @@ def preflight(rnd: "Round") -> PreflightResult:
     ref_prepared = rnd.pre.ref_engine.prepare(ref_target, rnd.opts.cache_dir,
                                               lambda msg, frac=None: rnd.report("step", message=msg))
     rnd.pre.ref_prepared = ref_prepared
-    r["reference"] = {"engine": t.reference_engine, "identity": ref_prepared.identity.as_dict()}
+    identity = ref_prepared.identity.as_dict()
+    r["reference"] = {"engine": t.reference_engine, "identity": identity}
+    if (identity.get("extra") or {}).get("build_key"):  # a built reference: its files against sealed history
+        from .evidence import check_reference_build
+
+        rnd.report("step", message="reference build files against the latest sealed receipt for its build key")
+        check_reference_build(identity, rnd.opts.rounds_dir, renew=rnd.opts.renew_reference_anchor)
     return rnd.pre
 
 

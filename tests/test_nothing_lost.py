@@ -1,0 +1,185 @@
+"""Nothing measured is lost: what the end of a round needs is checked before any engine runs, and a seal that
+fails anyway keeps the complete receipt.
+
+Each refusal is real: the signing library made unimportable in a fresh interpreter (a sitecustomize on its
+PYTHONPATH), a signing key whose mode sealing would refuse, a rounds directory on a read-only mount (bubblewrap:
+root ignores mode bits), a worker environment in which a dependency cannot be imported (a .pth file in the
+worker's user site, which the parent process never read), a candidate whose engine imports a missing package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from receipt_factory import zero_slots
+from scoreboard.errors import InputError
+from scoreboard.lockfile import load_lock
+from scoreboard.round import ready
+from scoreboard.round.run import RoundOptions, UnsealedReceipt, run_round
+from scoreboard.seal import generate_keypair
+from scoreboard.weights.verify import default_cache
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "k3-mini-cpu"
+
+
+@pytest.fixture
+def lock(tmp_path: Path) -> Path:
+    doc = tomlkit.parse((REPO / "reference.lock").read_text())
+    t = doc["targets"][TARGET]
+    t["speed"]["blocks"] = 2
+    t["speed"]["reps"] = 1
+    zero_slots(doc)
+    p = tmp_path / "lock" / "reference.lock"
+    p.parent.mkdir()
+    p.write_text(tomlkit.dumps(doc))
+    load_lock(p)
+    return p
+
+
+def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
+    base = dict(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds", cache_dir=default_cache(), seed=5)
+    base.update(kw)
+    return RoundOptions(**base)
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: Path = REPO, prefix: list[str] | None = None):
+    return subprocess.run([*(prefix or []), sys.executable, "-m", "scoreboard.cli.main", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_missing_signing_library_is_refused_before_anything_runs(lock, tmp_path):
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NoCrypto:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'cryptography' or name.startswith('cryptography.'):\n"
+        "            raise ModuleNotFoundError(f\"No module named {name!r} (blocked by the test)\")\n"
+        "sys.meta_path.insert(0, _NoCrypto())\n")
+    env = {**os.environ, "PYTHONPATH": str(block)}
+    out = _cli(["round", "run", "--target", TARGET, "--lock", str(lock), "--rounds", str(tmp_path / "rounds")], env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    err = " ".join(out.stderr.split())
+    assert "the signing library cannot be imported" in err and "pip install 'cryptography>=41'" in err
+    assert not (tmp_path / "rounds").exists()
+
+
+def test_a_signing_key_sealing_would_refuse_is_refused_at_preflight(lock, tmp_path, tmp_path_factory, monkeypatch):
+    keys = tmp_path_factory.mktemp("keys")  # outside the rounds dir's parent, where sealing accepts a key
+    key, _pub = generate_keypair(keys / "signing.key")
+    key.chmod(0o644)
+    monkeypatch.setenv("SCOREBOARD_SIGNING_KEY", str(key))
+    with pytest.raises(InputError, match=r"SCOREBOARD_SIGNING_KEY: .*signing.key: signing key is readable by "
+                                         r"group/others \(checked before the round"):
+        run_round(_opts(lock, tmp_path))
+    monkeypatch.setenv("SCOREBOARD_SIGNING_KEY", str(keys / "absent.key"))
+    with pytest.raises(InputError, match=r"absent.key: signing key not found"):
+        run_round(_opts(lock, tmp_path))
+    assert not (tmp_path / "rounds").exists()
+
+
+def test_an_unwritable_rounds_dir_is_refused_with_nothing_written(lock, tmp_path):
+    rounds = tmp_path / "rounds"
+    rounds.write_text("not a directory")
+    with pytest.raises(InputError, match=r"rounds: the rounds directory is not a directory"):
+        run_round(_opts(lock, tmp_path))
+    rounds.unlink()
+    rounds.mkdir()
+    # a read-only mount (as root, mode bits would not stop the write at the end): the CLI inside bubblewrap
+    out = _cli(["round", "run", "--target", TARGET, "--lock", str(lock), "--rounds", str(rounds)], dict(os.environ),
+               prefix=["bwrap", "--bind", "/", "/", "--ro-bind", str(rounds), str(rounds), "--dev", "/dev",
+                       "--proc", "/proc"])
+    assert out.returncode == 1, out.stdout + out.stderr
+    err = " ".join(out.stderr.split())
+    assert "the rounds directory is not writable (Read-only file system" in err
+    assert list(rounds.iterdir()) == []
+
+
+def test_too_little_free_space_is_named_with_the_amount(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(InputError, match=r"MiB free, the round needs at least \d+ MiB"):
+        ready.check_writable_dir(tmp_path / "rounds", "the rounds directory", need_bytes=free + (1 << 40))
+    assert ready.check_writable_dir(tmp_path / "rounds", "the rounds directory")["free_mib"] > 64
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing
+
+
+def _blocking_user_site(tmp_path: Path, module: str) -> Path:
+    base = tmp_path / "userbase"
+    site = subprocess.run([sys.executable, "-c", "import site; print(site.getusersitepackages())"],
+                          env={**os.environ, "PYTHONUSERBASE": str(base)}, capture_output=True, text=True).stdout.strip()
+    Path(site).mkdir(parents=True)
+    (Path(site) / "zz-block.pth").write_text(f"import sys; sys.modules[{module!r}] = None\n")
+    return base
+
+
+def test_a_worker_environment_that_cannot_import_a_dependency_is_refused(lock, tmp_path, monkeypatch):
+    # the worker's interpreter reads a user site the parent never read: tomlkit is missing there only
+    monkeypatch.setenv("PYTHONUSERBASE", str(_blocking_user_site(tmp_path, "tomlkit")))
+    with pytest.raises(InputError, match=r"the main \(harness\) worker cannot import scoreboard.worker in its own "
+                                         r"environment: ModuleNotFoundError: import of tomlkit halted") as exc:
+        run_round(_opts(lock, tmp_path))
+    assert "does not inherit this process's PYTHONPATH" in exc.value.hint and "-m pip install" in exc.value.hint
+    assert not (tmp_path / "rounds").exists()
+
+
+def test_the_probe_takes_the_launch_command_and_environment():
+    python, env = ready.worker_launch(REPO)
+    assert ready.probe_worker_imports(python, env, ["scoreboard.worker", "json"]) == {
+        "scoreboard.worker": None, "json": None}
+    got = ready.probe_worker_imports(python, env, ["json", "no_such_module_xyz", "os"])
+    assert got == {"json": None, "no_such_module_xyz": "ModuleNotFoundError: No module named 'no_such_module_xyz'"}
+    assert "did not run" in ready.probe_worker_imports(["/nonexistent/python"], env, ["json"])["json"]
+
+
+@pytest.mark.slow
+def test_a_candidate_whose_engine_cannot_import_is_recorded_as_its_own_failure(lock, tmp_path):
+    cand = tmp_path / "cand"
+    shutil.copytree(REPO / "engines", cand / "engines", ignore=shutil.ignore_patterns("__pycache__"))
+    engine = cand / "engines" / "sparkinfer" / "engine.py"
+    engine.write_text(engine.read_text().replace("from __future__ import annotations\n",
+                                                 "from __future__ import annotations\nimport not_installed_dep_xyz\n", 1))
+    out = run_round(_opts(lock, tmp_path, candidate=str(cand), seal=False))
+    r = out.receipt
+    assert out.exit_code == 1 and r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
+    assert (f"the candidate ({cand}) worker cannot import engines.sparkinfer.engine in its own environment: "
+            "ModuleNotFoundError: No module named 'not_installed_dep_xyz'") in r["aborted"]["reason"]
+    assert "the candidate's own code" in r["aborted"]["reason"]
+
+
+@pytest.mark.slow
+def test_a_seal_that_fails_after_the_speed_stage_keeps_the_complete_receipt(lock, tmp_path, tmp_path_factory,
+                                                                            monkeypatch):
+    key, _pub = generate_keypair(tmp_path_factory.mktemp("keys") / "signing.key")
+    monkeypatch.setenv("SCOREBOARD_SIGNING_KEY", str(key))
+    stages: list[str] = []
+
+    def report(kind, **kw):
+        if kind == "stage":
+            stages.append(kw["name"])
+            if kw["name"] == "seal":  # preflight found the key good; it goes bad between speed and seal
+                key.chmod(0o644)
+
+    with pytest.raises(UnsealedReceipt) as exc:
+        run_round(_opts(lock, tmp_path), report)
+    assert "speed" in stages and stages[-1] == "seal"
+    path = exc.value.path
+    assert path == tmp_path / "rounds" / "unsealed" / f"{path.stem}.json" and path.is_file()
+    assert f"the complete unsealed receipt is saved at {path}" in exc.value.message
+    assert "signing key is readable by group/others" in exc.value.message
+    kept = json.loads(path.read_text())
+    assert kept["round_id"] == path.stem and kept["verdict"]["label"] and kept.get("seal") is None
+    assert kept["speed"]["metrics"][0]["arms"]["candidate"]["blocks"]  # the measurements themselves
+    assert sorted(p.name for p in (tmp_path / "rounds").iterdir()) == ["unsealed"]  # no receipt, no ledger line
+    from scoreboard.records import receipt_files
+
+    assert receipt_files(tmp_path / "rounds") == []
