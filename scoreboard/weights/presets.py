@@ -191,7 +191,7 @@ _K3_GPU = K3Spec(
 # its bytes and FLOPs per token are a K3 layer's at any count >= 16, while 896 would be 59 B parameters
 # (118 GB at F16: past the box's 64 GiB disk, and about 20 minutes to generate). 64 keeps routing a real
 # choice (a quarter active, a different set per token and layer) and prefill spreading over many experts,
-# at 5.6 B parameters (11 GB F16, about 2 minutes to generate on the GPU box). Residual block size 2 gives
+# at 6.5 B parameters (12.9 GB F16; 154 s to generate on one H200 box). Residual block size 2 gives
 # the MLA layer two checkpoints, so the bank's stride trap is observable.
 _K3_WIDE = K3Spec(
     name="k3-wide",
