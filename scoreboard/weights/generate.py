@@ -5,6 +5,21 @@ sha256(seed, tensor name) and read through ``random_raw`` (a raw bit stream nump
 versions), converted to floats with plain IEEE arithmetic; keys and tensors are written in a fixed
 order; nothing time- or host-dependent is written. Kimi-k3 keys are written as raw strings so the
 PyPI ``gguf`` package (which lacks the kimi-k3 constants) works as well as the vendored gguf-py.
+
+Routing code (specs with ``route_code``). Random routers put some tokens' k-th and (k+1)-th expert scores
+within rounding of each other; f16 rounding then flips one expert at one position, and the KDA/MLA state
+carries the difference to every later position, so f32 and f16 runs of the same correct engine disagree
+as much as a bug would. With a code, the last n_expert dims of the residual stream carry, for each token,
+a discrete pattern: k dims at +amp*(1..1.5) and n_expert-k at -amp*(1..1.5), from the token embedding
+(the token's own random permutation of the dims). Every matrix that writes the stream (attention and FFN
+output projections, routed up, shared down) has zero rows there, so those dims hold only the embedding's
+code, scaled by one positive factor per token (the residual mix's weight on the first checkpoint over
+the norm). Each MoE layer's router reads code dim P_layer(e) for expert e (its own permutation) at a gain
+that puts the weakest selected logit near +route_margin and the strongest unselected near -route_margin,
+plus a small context term from the other dims. The top-k set is then the token's code under that
+layer's permutation: a margin of several logit units against f16's ~1e-3, and a positive scale cannot
+reorder it. Routing is still real: k of n experts per token, a different set per token and per layer,
+every expert used over a prompt; the routing weights still depend on the context (scale, context term).
 """
 
 from __future__ import annotations
@@ -43,6 +58,54 @@ def _uniform(seed: int, name: str, n: int) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * (2.0 ** -52) - 1.0
 
 
+def _perm(seed: int, name: str, n: int) -> np.ndarray:
+    """A deterministic permutation of range(n) from the named stream (argsort of its uniform draws)."""
+    return np.argsort(_uniform(seed, name, n), kind="stable")
+
+
+def route_code_table(spec: K3Spec, seed: int) -> np.ndarray:
+    """[n_vocab, n_expert] float64: each token's routing code (module docstring). Row v: the token's own
+    permutation of the code dims; its first k dims get +amp*(1 + 0.5*j/k), the others -amp*(1 + 0.5*j/(n-k))."""
+    n, k = spec.n_expert, spec.n_expert_used
+    pos = spec.route_code_amp * (1.0 + 0.5 * np.arange(k) / k)
+    neg = -spec.route_code_amp * (1.0 + 0.5 * np.arange(n - k) / (n - k))
+    levels = np.concatenate([pos, neg])
+    out = np.empty((spec.n_vocab, n))
+    for v in range(spec.n_vocab):
+        out[v, _perm(seed, f"route_code|{v}", n)] = levels
+    return out
+
+
+def route_perm(seed: int, layer: int, n_expert: int) -> np.ndarray:
+    """Layer `layer`'s router reads code dim route_perm[e] for expert e."""
+    return _perm(seed, f"blk.{layer}.route_perm", n_expert)
+
+
+def route_gain(spec: K3Spec, layer: int) -> float:
+    """Router weight on a code dim. The code reaches layer `layer`'s FFN only through the residual mix's
+    weight on the first checkpoint (the stream restarts at each banked layer): about 1/(C+1) of the mix
+    over C checkpoints + the stream, whose RMS is about 1/sqrt(C+1) of a single one; the gain undoes that."""
+    c = layer // spec.attn_res_block_size + 1 if spec.attn_res_block_size > 0 else 0
+    return spec.route_margin * math.sqrt(c + 1) / spec.route_code_amp
+
+
+def _route_code(spec: K3Spec, seed: int, name: str, leaf: str, x: np.ndarray) -> np.ndarray:
+    """Apply the routing code to one tensor (numpy order); tensors it does not touch come back as they are."""
+    r = slice(spec.n_embd - spec.n_expert, spec.n_embd)  # spec.code_dims
+    if name == "token_embd.weight":  # [V, E]
+        x[:, r] = route_code_table(spec, seed).astype(np.float32)
+    elif name == "output.weight":  # [V, E]: the logits do not read the code
+        x[:, r] = 0.0
+    elif leaf in ("attn_output.weight", "ffn_down.weight", "ffn_down_shexp.weight", "ffn_routed_up.weight"):
+        x[r, :] = 0.0  # [E, in]: nothing but the embedding writes the code dims
+    elif leaf == "ffn_gate_inp.weight":  # [n_expert, E]
+        layer = int(name.split(".")[1])
+        x[:, r] = 0.0
+        x[np.arange(spec.n_expert), spec.n_embd - spec.n_expert + route_perm(seed, layer, spec.n_expert)] = (
+            route_gain(spec, layer))
+    return x
+
+
 def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """The float32 values of one tensor (numpy order = reversed ggml shape), damped per LLAMACPP.md."""
     n = math.prod(shape)
@@ -71,9 +134,9 @@ def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndar
     elif leaf.startswith("ssm_conv1d"):
         x = rnd(0.5)
     elif leaf == "exp_probs_b.bias":
-        x = rnd(0.1)
+        x = rnd(spec.expert_bias_std)
     elif leaf == "ffn_gate_inp.weight":
-        x = rnd(spec.router_logit_std / math.sqrt(fan_in))
+        x = rnd((spec.router_context_std if spec.route_code else spec.router_logit_std) / math.sqrt(fan_in))
     elif leaf in ("ffn_gate.weight", "ffn_gate_shexp.weight", "ffn_gate_exps.weight"):
         x = rnd(spec.gate_preact_std / math.sqrt(fan_in))
     elif leaf in ("ffn_down.weight", "ffn_down_shexp.weight", "ffn_down_exps.weight"):
@@ -82,7 +145,8 @@ def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndar
         x = rnd(2.0 * g / math.sqrt(fan_in) if leaf == "attn_output.weight" else g / math.sqrt(fan_in))
     else:  # projections into an activation: unit-variance outputs
         x = rnd(1.0 / math.sqrt(fan_in))
-    return x.astype(np.float32).reshape(tuple(reversed(shape)))
+    x = x.astype(np.float32).reshape(tuple(reversed(shape)))
+    return _route_code(spec, seed, name, leaf, x) if spec.route_code else x
 
 
 def _encode(arr: np.ndarray, shape: tuple[int, ...], weight_type: str) -> tuple[np.ndarray, object | None]:

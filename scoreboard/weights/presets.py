@@ -63,6 +63,17 @@ class K3Spec:
     gate_preact_std: float = 3.0  # situ gate pre-activation: comparable to situ_beta so the key matters
     router_logit_std: float = 2.0  # wide router logits: fewer near-ties, fewer top-k flips
     logit_std: float = 2.5  # output logits
+    expert_bias_std: float = 0.1  # exp_probs_b: the expert-score correction bias added before top-k
+    # Routing code (see generate.py, "routing code"): off = the router reads the whole stream at random.
+    route_code: bool = False
+    route_code_amp: float = 1.0  # code values in the embedding: +-amp*(1..1.5), like the other dims (std 1)
+    route_margin: float = 4.0  # nominal router logit of the weakest selected expert (and minus, strongest unselected)
+    router_context_std: float = 0.0  # with the code: std of the router's context term (logit units)
+
+    @property
+    def code_dims(self) -> tuple[int, ...]:
+        """Residual-stream dims that carry the routing code (the last n_expert), or () without one."""
+        return tuple(range(self.n_embd - self.n_expert, self.n_embd)) if self.route_code else ()
 
     def config(self) -> K3Config:
         """The K3Config a GGUF written from this spec declares (no files)."""
@@ -95,6 +106,11 @@ class K3Spec:
             problems.append(f"n_vocab {self.n_vocab} leaves no room for merges (256 bytes + 2 specials)")
         if not 1 <= self.n_expert_used <= self.n_expert:
             problems.append(f"n_expert_used {self.n_expert_used} must be in 1..{self.n_expert}")
+        if self.route_code and not 16 <= 4 * self.n_expert <= self.n_embd:
+            problems.append(f"route_code needs 4 <= n_expert <= n_embd/4 (code dims are part of the stream), "
+                            f"got {self.n_expert} experts at n_embd {self.n_embd}")
+        if self.route_code and self.n_expert_used >= self.n_expert:
+            problems.append("route_code with every expert active routes nothing: n_expert_used < n_expert")
         if self.n_shards < 1:
             problems.append(f"n_shards must be >= 1, got {self.n_shards}")
         if self.weight_type == "q8_0":
@@ -152,7 +168,46 @@ _K3_SLICE = K3Spec(
     weight_type="q8_0", n_shards=8, default_seed=0,
 )
 
-PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID, _K3_SLICE)}
+# The GPU-target models. Both route through the routing code (generate.py), so f16/bf16 rounding cannot
+# flip a top-k choice, and scale the residual-score init with 1/sqrt(n_embd) so the cross-layer mix stays
+# soft at any width (score std 0.5; a fixed 0.03 per dim gives std 2.5 at 7168).
+_K3_GPU = K3Spec(
+    name="k3-gpu",
+    description="about 1.7 B parameters for the one-H200 target: k3-mid's shape (8 layers, 6 KDA + 2 MLA at "
+                "1-indexed 4, 8; n_embd 2048, 16 heads, 64 experts top-8 + 1 shared) with the routing code, "
+                "so f16 rounding cannot flip a routing choice; generated on the GPU box, never committed",
+    n_layer=8, full_attn_layers=(4, 8), n_embd=2048, n_head=16, kda_head_dim=128, ssm_conv_kernel=4,
+    kda_gate_lower_bound=-5.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, rope_dim=64, v_head_dim=128,
+    n_layer_dense_lead=1, dense_ff=8192, n_expert=64, n_expert_used=8, n_expert_shared=1, expert_ff=1024,
+    expert_latent_length=1024, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
+    attn_res_block_size=2, n_vocab=1024, corpus_sha256=CORPUS_V1, context_length=65536,
+    weight_type="f16", n_shards=4, default_seed=0,
+    res_score_std=0.5 / 2048 ** 0.5, expert_bias_std=0.02, route_code=True, router_context_std=0.1,
+)
+
+# One Kimi K3 layer's per-token work on one H200: K3's widths (hidden 7168, 96 MLA/KDA heads, q_lora 1536,
+# kv_lora 512, dense FFN 33792, top-16 at latent 3584 / FFN 3072, 2 shared experts) in 3 layers (KDA dense
+# lead, KDA + MoE, MLA + MoE). 64 routed experts, not 896: batch-1 decode reads only the 16 selected, so
+# its bytes and FLOPs per token are a K3 layer's at any count >= 16, while 896 would be 59 B parameters
+# (118 GB at F16: past the box's 64 GiB disk, and about 20 minutes to generate). 64 keeps routing a real
+# choice (a quarter active, a different set per token and layer) and prefill spreading over many experts,
+# at 6.5 B parameters (12.9 GB F16; 154 s to generate on one H200 box). Residual block size 2 gives
+# the MLA layer two checkpoints, so the bank's stride trap is observable.
+_K3_WIDE = K3Spec(
+    name="k3-wide",
+    description="a Kimi K3 width slice for the one-H200 target: hidden 7168, 96 MLA/KDA heads, dense FFN "
+                "33792, 64 routed experts top-16 + 2 shared at latent 3584 / FFN 3072; 3 layers (2 KDA, MLA "
+                "at 1-indexed 3), 2 of them MoE, with the routing code; generated on the GPU box, never committed",
+    n_layer=3, full_attn_layers=(3,), n_embd=7168, n_head=96, kda_head_dim=128, ssm_conv_kernel=4,
+    kda_gate_lower_bound=-5.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, rope_dim=64, v_head_dim=128,
+    n_layer_dense_lead=1, dense_ff=33792, n_expert=64, n_expert_used=16, n_expert_shared=2, expert_ff=3072,
+    expert_latent_length=3584, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
+    attn_res_block_size=2, n_vocab=1024, corpus_sha256=CORPUS_V1, context_length=65536,
+    weight_type="f16", n_shards=8, default_seed=0,
+    res_score_std=0.5 / 7168 ** 0.5, expert_bias_std=0.02, route_code=True, router_context_std=0.1,
+)
+
+PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID, _K3_SLICE, _K3_GPU, _K3_WIDE)}
 
 
 def get_spec(name: str) -> K3Spec:
