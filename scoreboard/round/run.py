@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .. import environment
 from ..engine import EngineTarget, Geometry
 from ..errors import InputError, ScoreboardError, TransientError
+from ..history import History, load_history
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
@@ -81,6 +82,8 @@ class Round:
             "verdict": None, "aborted": None, "retries": [], "commands": [], "stage_seconds": {}, "provenance": {},
         }
         self.pre: PreflightResult | None = None
+        self.history: History | None = None
+        self.frontier_source: Any = None  # main rounds: the frontier's commit, measured as arm "frontier"
 
     # -- helpers -------------------------------------------------------------------------------
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -145,10 +148,12 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     lock = load_lock(opts.lock_path)
     rnd = Round(opts, lock, report)
     r = rnd.receipt
+    # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
+    # code runs, and held: a broken ledger refuses the round with nothing written.
+    rnd.history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     try:
-        src = rnd.stage("candidate", lambda: cand_mod.resolve(opts.candidate, opts.cache_dir))
-        rnd.source = src
+        src = rnd.stage("candidate", lambda: _sources(rnd))
         rnd.main_source = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
         rnd.pre = rnd.stage("preflight", lambda: preflight(rnd))
         gate = GateStage(rnd)
@@ -161,6 +166,31 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     except _Abort as ab:
         _mark_aborted(rnd, ab.stage, ab.exc)
     return _finish(rnd)
+
+
+def _sources(rnd: Round) -> cand_mod.CandidateSource:
+    """The candidate, and for a main round the frontier arm's source (resolved the same way)."""
+    src = cand_mod.resolve(rnd.opts.candidate, rnd.opts.cache_dir)
+    rnd.source = src
+    rnd.frontier_source = _frontier_source(rnd) if src.is_main else None
+    return src
+
+
+def _frontier_source(rnd: Round) -> cand_mod.CandidateSource | None:
+    """A main round re-measures the commit that set the scored frontier, as the arm "frontier", so its
+    gain is a same-round ratio (None when there is no frontier yet: the round is a BASELINE)."""
+    fs = rnd.history.scored_frontier
+    if fs is None:
+        return None
+    try:
+        return cand_mod.resolve(fs.commit, rnd.opts.cache_dir)
+    except InputError as exc:
+        raise InputError(
+            f"the frontier's commit {fs.commit} (slot {fs.slot}, sealed by round {fs.round_id}) cannot be checked "
+            f"out from {cand_mod.HARNESS_ROOT}: {exc.message}",
+            f"fetch it (`git fetch origin {fs.commit}`, or `git fetch --unshallow` in a shallow clone); if main's "
+            "history was rewritten and the commit is gone, lower the frontier deliberately with "
+            "`scoreboard frontier lower` from a sealed receipt of today's main") from None
 
 
 def _verdict(rnd: Round) -> None:
@@ -207,6 +237,8 @@ def _finish(rnd: Round) -> RoundOutcome:
         r["provenance"]["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
     if rnd.opts.seal and (weights_pinned or r["status"] == "aborted"):
         rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
+        if rnd.history is not None:
+            rnd.history.check_extends(rnd.opts.rounds_dir)
         path = write_receipt(r, rnd.opts.rounds_dir)
         if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
             from ..frontier import raise_frontier
