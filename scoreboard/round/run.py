@@ -1,4 +1,7 @@
-"""The round, in order: load lock -> preflight -> gate -> speed -> verdict -> seal -> frontier.
+"""The round, in order: load lock -> history -> preflight -> gate -> speed -> verdict -> seal -> frontier.
+
+History (ratchet basis, frontier slots and their commits, ledger tip) is read and verified before any
+candidate code runs; a broken history refuses the round with nothing written (scoreboard/history.py).
 
 Every round that gets past loading the lock produces a receipt (REJECT, inconclusive and aborted
 ones too). Ctrl-C propagates and leaves nothing written. No printing here: progress goes through the
