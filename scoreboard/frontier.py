@@ -112,8 +112,9 @@ def ineligible(receipt: Mapping[str, Any]) -> str | None:
     return next((why for bad, why in checks if bad), None)
 
 
-def plan(lock: Lock, receipt: Mapping[str, Any]) -> list[SlotChange]:
-    """The slot changes this sealed receipt earns against `lock` (pure; [] when ineligible)."""
+def plan(lock: Lock, receipt: Mapping[str, Any], values: Mapping[str, float] | None = None) -> list[SlotChange]:
+    """The slot changes this sealed receipt earns against `lock` (pure; [] when ineligible), or against
+    `values` (slot -> value, e.g. the state a ledger replay reached) when given."""
     if ineligible(receipt):
         return []
     expected = lock.expected_slots()
@@ -123,7 +124,7 @@ def plan(lock: Lock, receipt: Mapping[str, Any]) -> list[SlotChange]:
             raise InputError(f"reference.lock no longer defines slot {m.slot} (round {receipt['round_id']})",
                              f"the metrics of target {receipt['target']!r} changed since the round; re-run it")
         current = lock.slots.get(m.slot)
-        before = current.value if current else 0.0
+        before = values.get(m.slot, 0.0) if values is not None else (current.value if current else 0.0)
         better = m.value > before if m.kind == "frontier" else m.value != before
         if better:
             changes.append(SlotChange(slot=m.slot, kind=m.kind, before=before, after=m.value, reps=m.reps,
@@ -179,14 +180,19 @@ def recorded_receipt(receipt: Mapping[str, Any] | str | os.PathLike[str],
 
 
 def _slot_entry(kind: str, data: Mapping[str, Any], path: Path, changes: list[SlotChange],
-                lock: Lock, reason: str = "") -> dict[str, Any]:
+                lock: Lock, reason: str = "", values: Mapping[str, float] | None = None,
+                date: str | None = None) -> dict[str, Any]:
     """A ``frontier-raise`` / ``frontier-lower`` ledger line (prev_sha256 filled in by ledger.append).
-    `slot`/`value`/`frontier_*` name the scored slot on a raise and the lowered slot on a lowering."""
+    `slot`/`value`/`frontier_*` name the scored slot on a raise and the lowered slot on a lowering.
+    `values`/`date`: the slot state and time the line was (re)written at (default: the lock, now)."""
     slot = scored_slot(data) if kind == "frontier-raise" else changes[0].slot
-    before = lock.slots[slot].value if slot in lock.slots else 0.0
+    if values is not None:
+        before = values.get(slot, 0.0)
+    else:
+        before = lock.slots[slot].value if slot in lock.slots else 0.0
     after = next((c.after for c in changes if c.slot == slot), before)
     value = scored_value(data) if kind == "frontier-raise" else changes[0].after
-    return {"kind": kind, "round_id": data["round_id"], "date": utc_now(), "target": data["target"],
+    return {"kind": kind, "round_id": data["round_id"], "date": date or utc_now(), "target": data["target"],
             "status": data["status"], "candidate_commit": data["candidate"]["commit"],
             "is_main": data["candidate"]["is_main"], "verdict": data["verdict"]["label"],
             "value": value, "slot": slot, "frontier_before": before, "frontier_after": after,

@@ -27,7 +27,7 @@ FORMAT_VERSION = "1.0"
 FORMAT_MAJOR = 1
 
 VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
-ARMS = ("reference", "candidate", "main")
+ARMS = ("reference", "candidate", "main", "frontier")  # main: a PR round's; frontier: a main round's
 _STAMP = "%Y-%m-%dT%H:%M:%SZ"
 _ROUND_ID = re.compile(r"^(\d{8}T\d{6}Z)-([A-Za-z0-9][A-Za-z0-9._-]*)-([0-9a-f]{8})$")
 
@@ -145,7 +145,7 @@ class Verdict(_Open):
     label: Literal[VERDICT_LABELS]  # type: ignore[valid-type]
     gain: float | None = None  # (value - frontier) / frontier
     gain_ci: list[float] | None = None  # [lo, hi]
-    basis: Literal["main-same-round", "frontier-slot", "none"] | None = None
+    basis: Literal["main-same-round", "frontier-same-round", "frontier-slot", "none"] | None = None
     frontier: float | None = None  # tok/s
     value: float | None = None  # tok/s
     speed_label: str | None = None
@@ -250,6 +250,11 @@ class Receipt(_Closed):
             raise ValueError("status 'aborted' needs aborted {stage, reason, transient} and verdict null")
         if self.candidate.is_main and self.main is not None:
             raise ValueError("main must be null when the candidate is main")
+        for i, m in enumerate(self.speed.metrics if self.speed else []):
+            if "main" in m.arms and self.candidate.is_main:
+                raise ValueError(f"speed.metrics[{i}].arms: a main round has no 'main' arm (its basis is 'frontier')")
+            if "frontier" in m.arms and not self.candidate.is_main:
+                raise ValueError(f"speed.metrics[{i}].arms: a PR round has no 'frontier' arm (its basis is 'main')")
         hits = _verdict_keys_in(self.provenance, "provenance")
         if hits:
             raise ValueError(f"provenance may not use verdict keys: {hits}")

@@ -8,8 +8,14 @@ Order (SPEC step 6; thresholds come from the lock's TierPolicy, never from code)
   5. CI lower bound > 0 and point gain >= the smallest bucket -> highest bucket <= gain; else none.
 
 gain = delta / frontier, delta = value - frontier (higher is better) or frontier - value (lower is
-better). Basis: main measured in the same round when the candidate is a PR (paired blocks, LESSONS 1);
-the frontier slot (a constant) when the candidate is main or main was not measured.
+better). Basis: main measured in the same round when the candidate is a PR ("main-same-round", paired
+blocks); the frontier's commit re-measured in the same round when the candidate is main
+("frontier-same-round", paired blocks: a slower or faster box moves both arms alike); the frontier slot
+(a constant) only for receipts without such an arm ("frontier-slot": older main receipts, or main not
+measured).
+Zero-variance samples (an arm whose reps repeat to the nanosecond, or whose block values are all
+identical) are no measurement a real clock gives: the metric is flagged and not scored; a flagged
+scored metric makes the verdict inconclusive, a flagged guard is not judged.
 Guard rule: a guard fails when the upper CI bound of its performance ratio (candidate/basis, inverted
 for lower-is-better) is below 1 - guard_tolerance, i.e. gain_ci high < -guard_tolerance: significantly
 worse than the tolerance, not merely noisy.
@@ -32,7 +38,7 @@ from .stats import ArmStats, RatioCI, arm_stats, block_value, ci_vs_constant, ge
 
 LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
 BUCKETS = ("XS", "S", "M", "L", "XL")
-BASES = ("main-same-round", "frontier-slot", "none")
+BASES = ("main-same-round", "frontier-same-round", "frontier-slot", "none")
 RECEIPT_MAJOR = "1"
 _EPS = 1e-12  # slack on fractional gains: float rounding only, far below any real threshold
 
@@ -51,6 +57,7 @@ class Verdict:
     reasons: tuple[str, ...]
     explanation: str  # one paragraph, plain English, with the numbers
     claim: bool = False  # True: claimed, not measured; never moves anything
+    flags: tuple[str, ...] = ()  # metrics not scored and why (zero-variance samples)
 
     @property
     def compliant(self) -> bool:
@@ -61,7 +68,7 @@ class Verdict:
                 "gain_ci": list(self.gain_ci) if self.gain_ci is not None else None,
                 "basis": self.basis, "frontier": self.frontier, "value": self.value,
                 "speed_label": self.speed_label, "reasons": list(self.reasons),
-                "explanation": self.explanation, "claim": self.claim}
+                "explanation": self.explanation, "claim": self.claim, "flags": list(self.flags)}
 
 
 @dataclass(frozen=True)
@@ -102,14 +109,15 @@ def metric_name(m: Metric) -> str:
 
 def evidence(metric: Metric, candidate_blocks: Sequence[float], policy: TierPolicy, seed: int,
              main_blocks: Sequence[float] | None = None, frontier_slot: float = 0.0,
-             notes: Sequence[str] = ()) -> Evidence:
-    """Build a metric's evidence from block values (tok/s): paired vs main if given, else vs the slot."""
+             notes: Sequence[str] = (), paired_basis: str = "main-same-round") -> Evidence:
+    """Build a metric's evidence from block values (tok/s): paired vs `main_blocks` (the same-round arm
+    named by `paired_basis`) if given, else vs the slot."""
     value = geometric_mean(candidate_blocks)
     kw = dict(confidence=policy.confidence, resamples=policy.bootstrap_resamples, seed=seed)
     name = metric_name(metric)
     if main_blocks is not None:
         ratio = paired_ratio_ci(candidate_blocks, main_blocks, **kw)
-        return Evidence(name, metric.role, metric.higher_is_better, value, "main-same-round",
+        return Evidence(name, metric.role, metric.higher_is_better, value, paired_basis,
                         geometric_mean(main_blocks), ratio, metric.unit, tuple(notes))
     if frontier_slot > 0:
         ratio = ci_vs_constant(candidate_blocks, frontier_slot, **kw)
@@ -187,8 +195,12 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
 
 def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, guards: Sequence[Evidence],
            policy: TierPolicy, *, claim: bool = False, notes: Sequence[str] = (),
-           guards_convict: bool = True) -> Verdict:
-    """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs."""
+           guards_convict: bool = True, flags: Sequence[str] = ()) -> Verdict:
+    """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs.
+
+    `flags`: why metrics are not scored (zero-variance samples). Any flag makes the speed label
+    inconclusive (a BASELINE too: a flagged number never becomes a basis); a guard failure among the
+    guards passed in (the caller leaves flagged guards out) still REJECTs."""
     if not gate_ok:
         reasons = tuple(gate_reasons) or ("correctness gate failed",)
         shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
@@ -198,6 +210,10 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     if scored is None:
         raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
     speed_label, speed_reasons = _speed(scored, policy)
+    if flags:
+        speed_label = "inconclusive"
+        speed_reasons = [f"not scored: {f}" for f in flags] + [f"(unflagged, the speed would read: {r})"
+                                                              for r in speed_reasons]
     fails, guard_notes = _guard_failures(guards, policy)
     if fails and not guards_convict:
         # main against its own pinned frontier: a regression on main or a slower box. Flag it; never
@@ -209,7 +225,7 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     reasons = tuple(fails + speed_reasons + guard_notes + list(scored.notes) + list(notes))
     return Verdict(label, scored.gain, scored.gain_ci, scored.basis,
                    scored.frontier if scored.basis != "none" else None, scored.value, speed_label, reasons,
-                   _explain(label, speed_label, scored, policy, fails, claim), claim)
+                   _explain(label, speed_label, scored, policy, fails, claim, bool(flags)), claim, tuple(flags))
 
 
 # One estimator, one name, wherever a number is shown (round show, tier, the report, the explanation):
@@ -218,17 +234,19 @@ ESTIMATOR = "geomean of block medians"
 POOLED_MEDIAN = "median of all reps"  # descriptive only; never scored
 
 _BASIS_WORDS = {"main-same-round": "main measured in the same round on the same box",
+                "frontier-same-round": "the frontier's commit re-measured in the same round on the same box",
                 "frontier-slot": "the pinned frontier slot", "none": "no basis"}
 
 
-def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool) -> str:
+def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool,
+             flagged: bool = False) -> str:
     kind = "claimed, not measured: " if claim else ""
     head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
     if not claim and ev.basis != "none":
         head += f" ({ESTIMATOR})"  # the same estimator as the speed table's value column and the basis
     if ev.basis == "none":
-        body = (f"{head}, and there is no frontier yet, so it is the BASELINE the next rounds are scored "
-                "against.")
+        body = (f"{head}, and there is no frontier yet" + (
+            "." if flagged else ", so it is the BASELINE the next rounds are scored against."))
     else:
         g, ci = ev.gain, ev.gain_ci
         body = (f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}"
@@ -240,7 +258,9 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
         else:
             body += " (a single number, no confidence interval)"
         body += "."
-        if speed_label == "inconclusive":
+        if flagged:
+            pass  # said below
+        elif speed_label == "inconclusive":
             body += (f" The interval is wider than the policy's {policy.max_ci_width * 100:.2f} points, so the run "
                      "is too noisy to call: inconclusive, not a guess.")
         elif speed_label == "none":
@@ -248,6 +268,10 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
                      f"{min(policy.buckets.values()) * 100:.2f}%." if policy.buckets else " No buckets are set.")
         else:
             body += f" That reaches tier {speed_label} (threshold {policy.buckets[speed_label] * 100:.2f}%)."
+    if flagged:
+        body += (" Some samples have zero variance (reps identical to the nanosecond, or identical block "
+                 "values), which no real clock produces: those metrics are flagged and not scored, so the "
+                 "verdict is inconclusive.")
     if fails:
         body += (f" But a guard failed ({'; '.join(fails)}), so the verdict is REJECT; the speed alone would have "
                  f"earned {speed_label}.")
@@ -389,6 +413,7 @@ def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = Non
     is_main = bool((receipt.get("candidate") or {}).get("is_main", False))
     notes = [f"gate passed but flagged: KL mean above kl_prefer {target.gate.kl_prefer:g}"] if flagged else []
     correctness: list[str] = []
+    flags: list[str] = []
     evs: dict[str, list[Evidence]] = {"scored": [], "guard": []}
     for m in target.metrics:
         i, entry = _find_metric(speed, m)
@@ -398,9 +423,12 @@ def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = Non
         cand = _block_values(cand_arm, f"{path}.arms.candidate")
         order = sorted(_blocks(cand_arm, f"{path}.arms.candidate"))
         correctness += _timed_output_problems(receipt, entry, m)
+        zero = zero_variance(arms, path, metric_name(m))
+        # the same-round basis: a PR's main, a main round's re-measured frontier commit
+        paired = "main" if not is_main else "frontier"
         main_blocks, ev_notes = None, []
-        if not is_main and arms.get("main"):
-            main_blocks = _block_values(arms["main"], f"{path}.arms.main", order)
+        if arms.get(paired):
+            main_blocks = _block_values(arms[paired], f"{path}.arms.{paired}", order)
         else:
             if not is_main:
                 ev_notes.append(f"{metric_name(m)}: main was not measured in this round; scored against the pinned "
@@ -410,14 +438,43 @@ def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = Non
                 raise InputError(f"receipt {path}.frontier: must be a number >= 0 tok/s, got {slot!r}")
         try:
             ev = evidence(m, cand, target.tiers, seed, main_blocks,
-                          float(entry["frontier"]) if main_blocks is None else 0.0, ev_notes)
+                          float(entry["frontier"]) if main_blocks is None else 0.0, ev_notes,
+                          paired_basis=f"{paired}-same-round")
         except ValueError as exc:
             raise InputError(f"receipt {path}: {exc}") from None
+        flags += zero
+        if zero and m.role == "guard":
+            continue  # a flagged guard is not judged (its numbers are no measurement)
         evs[m.role].append(ev)
     if correctness:
         return decide(False, correctness, None, (), target.tiers)
     return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes,
-                  guards_convict=not is_main)
+                  guards_convict=not is_main, flags=flags)
+
+
+def zero_variance(arms: Mapping[str, Any], path: str, name: str) -> list[str]:
+    """Why a metric's samples are no measurement, per arm: every timed rep of the arm the same number of
+    nanoseconds (>= 2 reps), all reps of one block identical (>= 2 reps in it), or every block value
+    identical (>= 2 blocks: a zero-width CI). A real clock around real work never repeats to the
+    nanosecond; a fixed, self-reported or replayed time does."""
+    out = []
+    for arm in sorted(arms):
+        blocks = _blocks(arms[arm], f"{path}.arms.{arm}")
+        reps = [ns for ns_list, _ in blocks.values() for ns in ns_list]
+        same_block = [k for k, (ns_list, _) in sorted(blocks.items()) if len(ns_list) >= 2 and len(set(ns_list)) == 1]
+        try:
+            values = [block_value(*blocks[k]) for k in sorted(blocks)]
+        except ValueError:
+            values = []
+        if len(reps) >= 2 and len(set(reps)) == 1:
+            out.append(f"{name}: arm {arm}: all {len(reps)} timed reps took exactly {reps[0]} ns (zero variance)")
+        elif same_block:
+            out.append(f"{name}: arm {arm}: every rep of block {same_block[0]} took the same "
+                       f"{blocks[same_block[0]][0][0]} ns (zero variance)")
+        elif len(values) >= 2 and len(set(values)) == 1:
+            out.append(f"{name}: arm {arm}: all {len(values)} block values are identical ({values[0]:.6g} tok/s): "
+                       "a zero-width interval, not a measurement")
+    return out
 
 
 def score_claim(value: float, lock: Lock, target: str, metric: str = "scored") -> Verdict:

@@ -140,7 +140,7 @@ def test_verdict_dict_has_the_receipt_layout_and_is_strict_json():
     v = decide(True, [], _scored(104.0), [], POLICY)
     d = v.as_dict()
     assert set(d) == {"label", "gain", "gain_ci", "basis", "frontier", "value", "speed_label", "reasons",
-                      "explanation", "claim"}
+                      "explanation", "claim", "flags"}
     assert d["label"] in LABELS
     json.dumps(d, allow_nan=False)
 

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from .. import frontier as fr
 from ..lockfile import load_lock
-from ..records import resume_round
+from ..errors import NonCompliant
+from ..records import rechain, resume_round
 from .console import console, print_json
 
 app = typer.Typer(help="Frontier and baseline slots: show them, lower one (logged), finish an interrupted round.",
@@ -67,11 +68,27 @@ def lower(
 
 @app.command("resume")
 def resume(
-    receipt: str = typer.Option(..., "--receipt", help="receipt of the interrupted round, rounds/<id>.json"),
+    receipt: Optional[str] = typer.Option(None, "--receipt", help="receipt of the interrupted round, "
+                                          "rounds/<id>.json (default: every receipt the ledger lacks)"),
     lock: Optional[str] = _LOCK,
     rounds: str = _ROUNDS,
 ) -> None:
-    """Finish a round interrupted after sealing: append its ledger line and/or apply its slot changes."""
-    rec = resume_round(receipt, rounds, lock)
-    done = ", ".join(f"{c.slot} {c.before} -> {c.after}" for c in rec.changes) or "no slot changes"
-    console.print(f"round {rec.receipt['round_id']}: ledger line present; {done}", highlight=False)
+    """Finish a round interrupted after sealing, or re-chain every receipt the ledger lost whose place
+    in the chain its seal proves (with the frontier-raise lines between them)."""
+    if receipt is not None:
+        rec = resume_round(receipt, rounds, lock)
+        done = ", ".join(f"{c.slot} {c.before} -> {c.after}" for c in rec.changes) or "no slot changes"
+        console.print(f"round {rec.receipt['round_id']}: ledger line present; {done}", highlight=False)
+        return
+    out = rechain(rounds, lock)
+    for line in out.appended:
+        console.print(f"appended: {line}", highlight=False)
+    for c in out.lock_changes:
+        console.print(f"lock: {c.slot} {c.before} -> {c.after}", highlight=False)
+    console.print(f"re-chained: {len(out.appended)} ledger line(s) appended, {len(out.lock_changes)} slot(s) "
+                  f"written, {len(out.orphaned)} receipt(s) left off", highlight=False)
+    if out.orphaned:
+        for path, why in out.orphaned:
+            console.print(f"[yellow]not re-chained:[/] {path}: {why}", highlight=False)
+        raise NonCompliant(f"{len(out.orphaned)} receipt(s) could not be re-chained",
+                           f"run `scoreboard verify --lock {lock} --rounds {rounds}` for the full report")

@@ -1,4 +1,7 @@
-"""The round, in order: load lock -> preflight -> gate -> speed -> verdict -> seal -> frontier.
+"""The round, in order: load lock -> history -> preflight -> gate -> speed -> verdict -> seal -> frontier.
+
+History (ratchet basis, frontier slots and their commits, ledger tip) is read and verified before any
+candidate code runs; a broken history refuses the round with nothing written (scoreboard/history.py).
 
 Every round that gets past loading the lock produces a receipt (REJECT, inconclusive and aborted
 ones too). Ctrl-C propagates and leaves nothing written. No printing here: progress goes through the
@@ -16,6 +19,7 @@ from typing import Any, Callable
 from .. import environment
 from ..engine import EngineTarget, Geometry
 from ..errors import InputError, ScoreboardError, TransientError
+from ..history import History, load_history
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
@@ -105,6 +109,8 @@ class Round:
         self.receipt["provenance"]["candidate_options"] = {
             "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
             "effective": dict(self.candidate_options)}
+        self.history: History | None = None
+        self.frontier_source: Any = None  # main rounds: the frontier's commit, measured as arm "frontier"
 
     # -- helpers -------------------------------------------------------------------------------
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -194,9 +200,14 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     # an observation about the box, so it is refused before any receipt exists.
     src = cand_mod.resolve(opts.candidate, opts.cache_dir)
     main_src = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
+    # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
+    # code runs, and held: a broken ledger refuses the round with nothing written.
+    history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
     rnd = Round(opts, lock, report)
     r = rnd.receipt
+    rnd.history = history
     rnd.source, rnd.main_source = src, main_src
+    rnd.frontier_source = _frontier_source(rnd) if src.is_main else None
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     r["provenance"]["ready"] = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal,
                                                         opts.update_frontier)
@@ -257,11 +268,6 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
         if have != want:
             raise InputError(f"weights.{t.weights}.files: spec {w.spec} writes {want}, the lock lists {have}",
                              f"fix the file list in {opts.lock_path}")
-    if opts.seal:
-        from .. import ledger
-
-        # a round sealed onto a broken chain cannot be appended: refuse before measuring anything
-        ledger.read_entries(opts.rounds_dir)
     if opts.seal and not w.fully_pinned:
         raise InputError(f"target {opts.target}: weights {t.weights} are not fully pinned, so the round could "
                          "not seal what it measures",
@@ -275,6 +281,23 @@ def _preflight(rnd: Round) -> PreflightResult:
         ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(rnd.source, rnd.opts.cache_dir),
                                    rnd.device_env(), f"candidate ({rnd.source.label})", candidate=True)
     return preflight(rnd)
+
+
+def _frontier_source(rnd: Round) -> cand_mod.CandidateSource | None:
+    """A main round re-measures the commit that set the scored frontier, as the arm "frontier", so its
+    gain is a same-round ratio (None when there is no frontier yet: the round is a BASELINE)."""
+    fs = rnd.history.scored_frontier
+    if fs is None:
+        return None
+    try:
+        return cand_mod.resolve(fs.commit, rnd.opts.cache_dir)
+    except InputError as exc:
+        raise InputError(
+            f"the frontier's commit {fs.commit} (slot {fs.slot}, sealed by round {fs.round_id}) cannot be checked "
+            f"out from {cand_mod.HARNESS_ROOT}: {exc.message}",
+            f"fetch it (`git fetch origin {fs.commit}`, or `git fetch --unshallow` in a shallow clone); if main's "
+            "history was rewritten and the commit is gone, lower the frontier deliberately with "
+            "`scoreboard frontier lower` from a sealed receipt of today's main") from None
 
 
 def _verdict(rnd: Round) -> None:
@@ -324,6 +347,8 @@ def _finish(rnd: Round) -> RoundOutcome:
             (weights_pinned or r["status"] == "aborted"):
         rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
         try:
+            if rnd.history is not None:
+                rnd.history.check_extends(rnd.opts.rounds_dir)
             path = write_receipt(r, rnd.opts.rounds_dir)
         except Exception as exc:  # whatever broke the seal, what was measured is kept
             saved = ready.save_unsealed(r, rnd.opts.rounds_dir, rnd.opts.cache_dir)

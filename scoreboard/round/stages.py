@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,7 +177,9 @@ class GateStage:
             raise EngineError(f"candidate logits have shape {cand.shape}, reference {ref.logits.shape}",
                               "the candidate must return one row per requested position over the full vocabulary")
         row = {p: i for i, p in enumerate(positions)}
-        baselines = ratchet_baselines(rnd.opts.rounds_dir, rnd.target_id)
+        # the ratchet basis was read and seal-checked at preflight, before this candidate's process ran
+        # (which may have hidden or rewritten rounds/ since): never re-read here
+        baselines = rnd.history.ratchet_baselines()
         depths = []
         for d, ps in per_depth.items():
             sel = [row[p] for p in ps]
@@ -186,6 +187,7 @@ class GateStage:
         result = GateResult(depths)
         gate = result.as_dict()
         gate["prompt"] = self.prompt.describe()
+        gate["ratchet_round"] = rnd.history.ratchet.round_id if rnd.history.ratchet else None
         gate["geometry"] = ref.geometry.as_dict()
         # the checked run: greedy decode through the decode path, then graded against the reference
         rnd.report("step", message="checked greedy decode against the reference (the timed run must reproduce it)")
@@ -239,27 +241,6 @@ def _wl(w: Workload) -> dict[str, Any]:
     return {"phase": w.phase, "depth": w.depth, "n_tokens": w.n_tokens, "prompt_ids": list(w.prompt_ids)}
 
 
-def ratchet_baselines(rounds_dir: Path, target_id: str) -> dict[int, float]:
-    """Per-depth mean KL of main's last sealed, gate-passing round for this target (ratchet basis)."""
-    from ..ledger import read_ledger
-
-    lines = read_ledger(rounds_dir)  # a broken chain is NonCompliant: never ratchet against tampered history
-    for line in reversed(lines):
-        if line.get("kind") != "round" or line.get("target") != target_id:
-            continue
-        path = Path(rounds_dir) / f"{line['round_id']}.json"
-        if not path.exists():
-            continue
-        rec = json.loads(path.read_text())
-        if rec.get("status") != "verdict" or not (rec.get("candidate") or {}).get("is_main"):
-            continue
-        gate = rec.get("gate") or {}
-        if not gate.get("pass"):
-            continue
-        return {int(d["depth"]): float(d["kl_mean"]) for d in gate.get("depths", [])}
-    return {}
-
-
 class SpeedStage:
     """Warm-up, then randomized balanced blocks; each harness-clocked block is a fresh worker process."""
 
@@ -268,7 +249,10 @@ class SpeedStage:
         t = rnd.target
         self.blocks = rnd.opts.blocks or t.speed.blocks
         self.reps = rnd.opts.reps or t.speed.reps
-        self.arms = ["reference", "candidate"] + (["main"] if rnd.main_source is not None else [])
+        # "main": a PR round's main; "frontier": a main round's re-measured frontier commit (from the
+        # history verified at preflight). Both are built and run exactly like the candidate.
+        self.sources = {"candidate": rnd.source, "main": rnd.main_source, "frontier": rnd.frontier_source}
+        self.arms = ["reference", "candidate"] + [a for a in ("main", "frontier") if self.sources[a] is not None]
 
     def run(self) -> None:
         rnd, t, r = self.rnd, self.rnd.target, self.rnd.receipt
@@ -279,7 +263,7 @@ class SpeedStage:
         metrics = []
         for m, w in zip(t.metrics, workloads):
             slot = t.slot(t.candidate_engine, m)
-            s = rnd.lock.slots.get(slot)
+            s = rnd.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt
             metrics.append({"phase": m.phase, "depth": m.depth, "n_tokens": m.n_tokens, "role": m.role,
                             "slot": slot, "frontier": s.value if s else 0.0,
                             "arms": {a: {"blocks": []} for a in self.arms}, "timed_output_ok": True})
@@ -303,11 +287,15 @@ class SpeedStage:
                                                for ids in blk["token_ids"])
         r["speed"] = {"schedule": schedule, "metrics": metrics, "blocks": self.blocks, "reps": self.reps,
                       "warmup_reps": t.speed.warmup_reps}
+        fs = rnd.history.scored_frontier
+        if rnd.frontier_source is not None and fs is not None:
+            r["speed"]["frontier_arm"] = {"commit": rnd.frontier_source.commit, "slot": fs.slot,
+                                          "slot_value": fs.value, "round_id": fs.round_id}
 
     def run_arm(self, arm: str, workloads: list[Workload], reps: int, block: int | None) -> list[dict[str, Any]]:
         if arm == "reference":
             return [self.reference_block(w, reps, block) for w in workloads]
-        source = self.rnd.source if arm == "candidate" else self.rnd.main_source
+        source = self.sources[arm]
         body = self.gate.candidate_call("timed", {"workloads": [_wl(w) for w in workloads], "reps": reps,
                                                   "warmup": self.rnd.target.speed.warmup_reps}, source=source)
         wall = int(body["_wall_ns"])
