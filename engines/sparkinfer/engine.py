@@ -273,7 +273,7 @@ class SparkInferEngine(Engine):
                 last = prefill(h.model, state.cache, ids, h.geometry.n_ubatch, [state.cache.n_past + n - 1])
                 return [int(last.argmax(-1)[0])]
             h.decode_steps += 1
-            if h.faults.cheat_when_timed and h.decode_steps > 1:
+            if h.faults.cheat_when_timed and h.decode_steps > 1 and os.path.exists("clock.to-worker"):
                 return [int(revealed[0])] * state.n_tokens  # the shortcut: no forward passes at all
             if state.generation is None:
                 return decode(h.model, state.cache, ids, state.n_tokens)
