@@ -105,9 +105,11 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
     wall = time.perf_counter_ns() - t0
     out = log.read_text(errors="replace")
     body = _result(res, target.ranks, out)
+    if sess_error is not None and "exited before it finished" not in sess_error.message:
+        # the parent saw the session break first (a forged or out-of-order message); what the worker says
+        # afterwards (a broken pipe) follows from it
+        raise EngineError(f"{engine} ({op}): {sess_error.message} (log {log})", sess_error.hint)
     if body is None:
-        if sess_error is not None:
-            raise sess_error
         tail = out[-2000:]
         raise EngineError(f"{engine} worker ({op}{_world(target)}) crashed with exit {proc.returncode} and no result; "
                           f"log {log}\n{tail}")
