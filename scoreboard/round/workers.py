@@ -105,7 +105,8 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
     wall = time.perf_counter_ns() - t0
     out = log.read_text(errors="replace")
     body = _result(res, target.ranks, out)
-    if sess_error is not None and "exited before it finished" not in sess_error.message:
+    if sess_error is not None and not any(x in sess_error.message for x in ("exited before it finished",
+                                                                           "the worker failed")):
         # the parent saw the session break first (a forged or out-of-order message); what the worker says
         # afterwards (a broken pipe) follows from it
         raise EngineError(f"{engine} ({op}): {sess_error.message} (log {log})", sess_error.hint)
