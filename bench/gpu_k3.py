@@ -23,11 +23,17 @@ from scoreboard import registry
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
 from scoreboard.gate import GateResult, gate_positions, grade_depth
 from scoreboard.lockfile import GitReference, load_lock
-from scoreboard.timing import time_reps
+from scoreboard.timing import in_process_reps
 from scoreboard.weights.generate import generate
 
 from sections import RESULTS, section  # bench/ is the script's own folder
 
+
+
+def _split_reps(engine, prep, phase, depth, n, ids, reps, barrier=None):
+    """In-process reps of a workload split the way rounds split it (the secret part revealed to step())."""
+    wl, revealed = Workload.split(phase, depth, n, ids)
+    return in_process_reps(engine, prep, wl, [revealed] * (reps + 1), warmup=1, barrier=barrier)
 
 def tps(reps) -> list[float]:
     return [r.n_tokens / (r.ns / 1e9) for r in reps]
@@ -90,9 +96,9 @@ def decode_mid(ref, cache, shards, depths, n_tokens, reps):
         lp = llama.prepare(EngineTarget("k3-mid", Path(shards[0]), tuple(map(Path, shards)), "cuda", geom,
                                         reference=ref), cache)
         for d in depths:
-            reps_ = llama.timed(lp, Workload("decode", d, n_tokens, ids[: d + n_tokens]), reps)
+            reps_ = llama.timed(lp, Workload("decode", d, n_tokens, ()), reps)
             out[f"llamacpp_decode@{d}"] = {"tok_s": tps(reps_), "command": reps_[0].command}
-        out["llamacpp_prefill512@0"] = {"tok_s": tps(llama.timed(lp, Workload("prefill", 0, 512, ids[:512]), reps))}
+        out["llamacpp_prefill512@0"] = {"tok_s": tps(llama.timed(lp, Workload("prefill", 0, 512, ()), reps))}
     except Exception as exc:
         out["llamacpp_error"] = f"{type(exc).__name__}: {exc}"
     spark = registry.load("sparkinfer")
@@ -103,10 +109,10 @@ def decode_mid(ref, cache, shards, depths, n_tokens, reps):
                                             options={"dtype": dtype, "cuda_graph": graph}), cache)
             out[key] = {"identity_extra": sp.identity.extra}
             for d in depths:
-                reps_ = time_reps(spark, sp, Workload("decode", d, n_tokens, ids[: d + n_tokens]), reps=reps, warmup=1)
+                reps_ = _split_reps(spark, sp, "decode", d, n_tokens, ids, reps)
                 out[key][f"decode@{d}"] = {"tok_s": tps(reps_), "tokens_equal_across_reps":
                                            all(r.token_ids == reps_[0].token_ids for r in reps_)}
-            reps_ = time_reps(spark, sp, Workload("prefill", 0, 512, ids[:512]), reps=reps, warmup=1)
+            reps_ = _split_reps(spark, sp, "prefill", 0, 512, ids, reps)
             out[key]["prefill512@0"] = {"tok_s": tps(reps_)}
             spark.close(sp)
         except Exception as exc:

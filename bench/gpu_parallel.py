@@ -69,7 +69,7 @@ def split_modes(ref, cache, shards):
             p = llama.prepare(t, cache)
             res = llama.logits(p, LogitsRequest(ids[:1024], pos, geom))
             logits[sm] = res.logits
-            reps = llama.timed(p, Workload("decode", 1024, 32, ids[:1056]), 3)
+            reps = llama.timed(p, Workload("decode", 1024, 32, ()), 3)
             out[sm] = {"dumper_command_tail": res.command[-2:],
                        "bench_split_mode": p.handle.last_record.get("split_mode"),
                        "bench_command_tail": reps[0].command[-8:], "decode@1024_tok_s": tps(reps)}
@@ -88,7 +88,7 @@ from pathlib import Path
 import numpy as np, torch
 from scoreboard.distributed import RankGroup
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
-from scoreboard.timing import time_reps
+from scoreboard.timing import in_process_reps
 from engines.sparkinfer.engine import SparkInferEngine
 from engines.sparkinfer.parallel import prepare_rank
 args = json.loads(sys.argv[1])
@@ -104,7 +104,8 @@ ids = tuple(args["ids"])
 res = eng.logits(prep, LogitsRequest(ids[:1024], tuple(args["pos"]), geom))
 g.agree_bytes(np.ascontiguousarray(res.logits).tobytes(), "the logits")
 fps = g.fingerprints()
-reps = time_reps(eng, prep, Workload("decode", 1024, 32, ids[:1056]), reps=3, warmup=1, barrier=g.barrier)
+_wl, _rev = Workload.split("decode", 1024, 32, ids)
+reps = in_process_reps(eng, prep, _wl, [_rev] * 4, warmup=1, barrier=g.barrier)
 g.agree([r.token_ids for r in reps], "timed tokens")
 peak = torch.cuda.max_memory_allocated() / 2**30
 if g.rank == 0:

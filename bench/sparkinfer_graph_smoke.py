@@ -1,7 +1,7 @@
 """GPU smoke test of sparkinfer's CUDA-graph decode: eager vs graph on the generated k3-mini.
 
 For each dtype (float32, bfloat16) it prepares the engine twice on CUDA (options.cuda_graph false / true),
-times decode workloads with the harness's own clock (scoreboard.timing.time_reps: begin untimed, step
+times decode workloads with the harness's own clock (scoreboard.timing.in_process_reps: begin untimed, step
 timed between device synchronizations), prints tok/s and whether the greedy tokens agree. float32 must
 give identical tokens (exit 1 otherwise); bfloat16's agreement is printed, not required.
 
@@ -23,12 +23,13 @@ import torch
 from engines.sparkinfer.engine import SparkInferEngine
 from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.round.prompt import draw_prompt
-from scoreboard.timing import time_reps
+from scoreboard.timing import in_process_reps
 from scoreboard.weights.generate import generate
 from scoreboard.weights.tokenizer import Tokenizer
 
 
-def run(shards: list[Path], dtype: str, graph: bool, wl: Workload, geom: Geometry, reps: int) -> dict:
+def run(shards: list[Path], dtype: str, graph: bool, split: tuple, geom: Geometry, reps: int) -> dict:
+    wl, revealed = split
     engine = SparkInferEngine()
     target = EngineTarget("k3-mini-cuda-smoke", shards[0], tuple(shards), "cuda", geom,
                           options={"dtype": dtype, "cuda_graph": graph})
@@ -38,8 +39,8 @@ def run(shards: list[Path], dtype: str, graph: bool, wl: Workload, geom: Geometr
     state = engine.begin(prep, wl)  # the first begin captures the graph (untimed)
     engine.synchronize(prep)
     first_begin = time.perf_counter() - t0
-    first = engine.step(prep, state)
-    out = time_reps(engine, prep, wl, reps=reps, warmup=1)
+    first = engine.step(prep, state, revealed)
+    out = in_process_reps(engine, prep, wl, [revealed] * (reps + 1), warmup=1)
     toks = {tuple(r.token_ids) for r in out} | {tuple(first)}
     med = statistics.median(r.ns for r in out)
     engine.close(prep)
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         shards = generate(args.preset, Path(tmp))
         ids = draw_prompt(Tokenizer.from_gguf(shards[0]), args.depth + args.tokens, seed=7).token_ids
-        wl = Workload("decode", args.depth, args.tokens, ids)
+        wl = Workload.split("decode", args.depth, args.tokens, ids)
         for dtype in args.dtype or ["float32", "bfloat16"]:
             res = {g: run(shards, dtype, g, wl, geom, args.reps) for g in (False, True)}
             same = res[False]["tokens"] == res[True]["tokens"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from .engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, Prepared, Workload
 from .errors import EngineError
-from .timing import time_reps
+from .timing import in_process_reps
 
 
 class ContractViolation(AssertionError):
@@ -57,9 +57,19 @@ class TimedCheck:
     token_ids: list[list[int]]
 
 
-def check_timed(engine: Engine, prepared: Prepared, workload: Workload, reps: int = 2) -> TimedCheck:
+def check_timed(engine: Engine, prepared: Prepared, workload: Workload, reveals: list[tuple[int, ...]],
+                reps: int = 2, geometry=None) -> TimedCheck:
+    """Timed reps in this process (the round times them in its own process, over the handshake). For a
+    harness-clocked engine: begin() sees only `workload.prompt_ids`, step() gets each reveal and returns the
+    contract's number of ids, the same output for the same reveal whatever ran before, and (with `geometry`)
+    a first id equal to the argmax of the engine's own logits after the prompt and that reveal: the answer
+    depends on what was revealed."""
     if engine.clock == "harness":
-        out = time_reps(engine, prepared, workload, reps=reps, warmup=1)
+        _require(len(reveals) >= reps + 1, "internal: one reveal per rep (warm-up included)")
+        out = in_process_reps(engine, prepared, workload, reveals[: reps + 1], warmup=1)
+        again = in_process_reps(engine, prepared, workload, reveals[1: reps + 1], warmup=0)
+        _require([r.token_ids for r in out] == [r.token_ids for r in again],
+                 "step() must give the same output for the same reveal, whatever came before it")
     elif engine.clock == "reference-tool":
         out = engine.timed(prepared, workload, reps)
         _require(all(r.clock == "reference-tool" and r.command for r in out),
@@ -69,9 +79,16 @@ def check_timed(engine: Engine, prepared: Prepared, workload: Workload, reps: in
     _require(len(out) == reps, f"timed must return exactly {reps} reps, got {len(out)}")
     _require(all(isinstance(r.ns, int) and r.ns > 0 for r in out), "every rep needs raw positive integer ns")
     _require(all(r.n_tokens == workload.n_tokens for r in out), "every rep must count the workload's tokens")
-    if engine.clock == "harness" and workload.phase == "decode":
-        first = out[0].token_ids
-        _require(all(r.token_ids == first for r in out), "greedy decode must give the same tokens every rep")
+    if engine.clock == "harness":
+        _require(all(len(r.token_ids) == workload.output_len for r in out),
+                 f"a {workload.phase} step() returns {workload.output_len} id(s)")
+        if geometry is not None:
+            for revealed, r in zip(reveals[1: reps + 1], out):
+                seq = tuple(workload.prompt_ids) + tuple(revealed)
+                row = engine.logits(prepared, LogitsRequest(seq, (len(seq) - 1,), geometry)).logits[0]
+                _require(r.token_ids[0] == int(np.argmax(row)),
+                         f"a {workload.phase} step()'s first id must be the greedy next token after the prompt and "
+                         "the revealed token(s) (the engine's own logits disagree)")
     return TimedCheck(workload.phase, len(out), [r.token_ids for r in out])
 
 
@@ -85,8 +102,12 @@ def run_contract(engine: Engine, target: EngineTarget, cache_dir: Path, prompt: 
     try:
         positions = sorted({0, depth // 2, depth - 1})
         x = check_logits(engine, prepared, prompt[:depth], positions, target)
-        dec = check_timed(engine, prepared, Workload("decode", depth, n_decode, tuple(prompt[: depth + n_decode])))
-        pre = check_timed(engine, prepared, Workload("prefill", 0, n_prefill, tuple(prompt[:n_prefill])))
+        dec_w = Workload("decode", depth, n_decode, tuple(prompt[: depth - 1]))
+        dec = check_timed(engine, prepared, dec_w, [(int(t),) for t in prompt[depth - 1: depth + 2]],
+                          geometry=target.geometry)
+        pre_w = Workload("prefill", 0, n_prefill, ())
+        pre = check_timed(engine, prepared, pre_w, [tuple(prompt[i: i + n_prefill]) for i in range(3)],
+                          geometry=target.geometry)
     except EngineError:
         raise
     finally:

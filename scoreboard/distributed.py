@@ -8,8 +8,9 @@ process group. The harness, not the engine, does the parts a result depends on:
   harness's worker module (:mod:`scoreboard.worker`) W times: :func:`launch_command`;
 * the process group — NCCL on cuda with ``torch.cuda.set_device(LOCAL_RANK)`` (one GPU per rank), gloo
   on cpu, with the round's timeout on every collective: :meth:`RankGroup.from_env`;
-* the clock — rank 0's ``perf_counter_ns`` around barriers (:func:`scoreboard.timing.time_reps` with
-  ``barrier=group.barrier``): t1 is read after the slowest rank finished its step;
+* the clock — the parent's ``perf_counter_ns`` around the handshake with rank 0 (:mod:`scoreboard.timing`):
+  every rank begins, a barrier, rank 0 says ready, the reveal is broadcast, every rank steps, and rank 0
+  answers only after the ranks agreed on the output, so the sample ends after the slowest rank finished;
 * agreement — identity, logits, greedy tokens and timed tokens must be the same on every rank;
 * fingerprints — :func:`scoreboard.environment.fingerprint` of every rank, with its pid and device.
 
@@ -121,6 +122,14 @@ class RankGroup:
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, value)
         return out
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (what the others passed is ignored)."""
+        import torch.distributed as dist
+
+        box = [value if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def agree(self, value: Any, what: str) -> None:
         """Refuse a world whose ranks disagree on `value` (compared on every rank, so all raise together)."""

@@ -10,11 +10,25 @@ is the engine id used in ``reference.lock`` and in receipts. It provides:
   given token ids, through the same code path as the timed run, batch geometry pinned and echoed.
 * timed work, in one of two ways (``clock`` class attribute):
 
-  - ``clock = "harness"`` (every candidate): ``begin(prepared, workload)`` does the untimed part
-    (fills ``workload.depth`` tokens of real context, allocates) and returns a state;
-    ``step(prepared, state)`` does the timed part and returns the generated token ids;
-    ``synchronize(prepared)`` waits for the device. The harness reads the clock around
-    ``synchronize(); step(); synchronize()`` — an engine never reports its own time.
+  - ``clock = "harness"`` (every candidate): ``begin(prepared, workload)`` does the untimed part with
+    the secret part of the prompt withheld and returns a state; ``step(prepared, state, revealed)`` does
+    the timed part on the tokens revealed at the start of the clock; ``synchronize(prepared)`` waits for
+    the device. What each phase sees (``Workload.known_len`` / ``Workload.reveal_len``):
+
+    - decode at depth d: ``begin`` gets ``prompt[:d-1]`` (and fills it: d-1 tokens of real context);
+      ``step`` gets the one token at position d-1, consumes it, and returns ``n_tokens`` greedy ids
+      g1..gn (g1 = argmax after consuming the revealed token, g(i+1) = argmax after consuming gi), so
+      the timed part is n single-token forwards, all of them after the reveal;
+    - prefill at depth d: ``begin`` gets ``prompt[:d]`` (and fills it); ``step`` gets the ``n_tokens``
+      prompt tokens to ingest and returns ``[g]``, the greedy next token after the last of them (the
+      argmax of the last position's logits).
+
+    The round runs begin/step in a worker process and keeps the clock in the harness's own process,
+    outside the candidate's reach (scoreboard.timing, scoreboard.worker): the worker prepares, calls
+    ``begin``, synchronizes and says "ready"; the harness reads its clock, sends the revealed tokens and
+    stops its clock when the complete output has arrived. Every round reveals a different secret token
+    (decode) or prompt (prefill) per timed rep, and each rep's output must equal the gate's checked
+    output for that variant — an engine cannot do the work before the reveal, and never reports time.
   - ``clock = "reference-tool"`` (the trusted, pinned reference only): ``timed(prepared, workload,
     reps)`` runs the pinned tool (llama-bench) and returns raw per-rep nanoseconds; the harness
     bounds them by its own wall clock.
@@ -22,8 +36,8 @@ is the engine id used in ``reference.lock`` and in receipts. It provides:
 Multi-process engines (``max_ranks > 1``): for a target with ``ranks = W > 1`` the harness launches W
 processes (torchrun) and initializes the default torch.distributed group before ``prepare`` (NCCL on
 cuda with one GPU per rank, gloo on cpu; :mod:`scoreboard.distributed`). Every rank runs the same calls;
-the engine uses the default group for its own collectives. The harness reads rank 0's clock around
-barriers and requires every rank to return the same logits and tokens.
+the engine uses the default group for its own collectives. Rank 0 talks to the harness; the revealed tokens are
+broadcast to every rank, and the harness requires every rank to return the same logits and tokens.
 
 The harness, not the engine, owns warm-up, rep counts, interleaving, timeouts, statistics and
 sealing. Engine errors are :class:`scoreboard.errors.EngineError` (with a hint); transient ones
@@ -114,18 +128,58 @@ class LogitsResult:
 
 @dataclass(frozen=True)
 class Workload:
-    """A timed workload. depth = tokens really in the cache before the timed part."""
+    """A timed workload as begin() sees it: the prompt with its secret part withheld.
+
+    depth = tokens really in the cache when the timed part ends its ingest (decode: d-1 filled by begin +
+    the revealed token; prefill: d filled by begin, then n_tokens revealed ones)."""
 
     phase: Phase
     depth: int
     n_tokens: int  # decode: tokens generated; prefill: prompt tokens ingested
-    prompt_ids: tuple[int, ...]  # len >= depth (+ n_tokens for prefill)
+    prompt_ids: tuple[int, ...]  # exactly known_len ids, what begin() may see (() for a reference tool's)
 
     def __post_init__(self) -> None:
         if self.phase not in ("decode", "prefill"):
             raise ValueError(f"phase must be decode or prefill, not {self.phase!r}")
         if self.depth < 0 or self.n_tokens <= 0:
             raise ValueError("depth must be >= 0 and n_tokens > 0")
+        # no prompt ids: a reference tool's workload (llama-bench makes its own tokens; depth 0 decode is fine)
+        if self.prompt_ids and self.phase == "decode" and self.depth < 1:
+            raise ValueError("a decode workload with a prompt needs depth >= 1: the token at position depth-1 "
+                             "is revealed at the start of the clock")
+        if self.prompt_ids and len(self.prompt_ids) != self.known_len:
+            raise ValueError(f"a {self.phase} workload at depth {self.depth} gives begin() exactly "
+                             f"{self.known_len} prompt ids, not {len(self.prompt_ids)} (the rest is revealed "
+                             "at the start of the clock)")
+
+    @property
+    def known_len(self) -> int:
+        """Prompt ids begin() gets: decode prompt[:depth-1], prefill prompt[:depth]."""
+        return self.depth - 1 if self.phase == "decode" else self.depth
+
+    @property
+    def reveal_len(self) -> int:
+        """Ids step() gets at the start of the clock: decode 1, prefill n_tokens."""
+        return 1 if self.phase == "decode" else self.n_tokens
+
+    @property
+    def output_len(self) -> int:
+        """Ids step() returns: decode n_tokens, prefill 1 (the greedy next token)."""
+        return self.n_tokens if self.phase == "decode" else 1
+
+    @classmethod
+    def split(cls, phase: Phase, depth: int, n_tokens: int,
+              prompt: tuple[int, ...] | list[int]) -> tuple["Workload", tuple[int, ...]]:
+        """(the workload begin() sees, the ids revealed to step()) of a full prompt."""
+        if phase == "decode" and depth < 1:
+            raise ValueError("decode at depth 0 reveals nothing: the token at position depth-1 is the secret")
+        known = depth - 1 if phase == "decode" else depth
+        reveal = 1 if phase == "decode" else n_tokens
+        ids = tuple(int(x) for x in prompt)
+        if len(ids) < known + reveal:
+            raise ValueError(f"{phase} at depth {depth} with {n_tokens} tokens needs {known + reveal} prompt ids, "
+                             f"got {len(ids)}")
+        return cls(phase, depth, n_tokens, ids[:known]), ids[known:known + reveal]
 
 
 @dataclass
@@ -159,7 +213,7 @@ class Engine(abc.ABC):
     def begin(self, prepared: Prepared, workload: Workload) -> Any:
         raise NotImplementedError(f"engine {self.name!r} is not harness-clocked")
 
-    def step(self, prepared: Prepared, state: Any) -> list[int]:
+    def step(self, prepared: Prepared, state: Any, revealed: tuple[int, ...]) -> list[int]:
         raise NotImplementedError(f"engine {self.name!r} is not harness-clocked")
 
     def synchronize(self, prepared: Prepared) -> None:

@@ -176,6 +176,9 @@ class NodeClass(_Model):
     gpu_memory_gib: float = Field(default=0, ge=0)  # usable per device, for the fit check
     cpu_arch: str = ""  # e.g. "x86_64"
     min_cpu_cores: int = Field(default=1, ge=1)
+    # GB/s per device (per GPU; the host's memory on a cpu node), set generously: the harness refuses a decode
+    # rate above this x devices / the bytes one token must read (scoreboard.ceiling). None: no ceiling.
+    memory_bandwidth_gbs: float | None = Field(default=None, gt=0, strict=True)
 
 
 class Metric(_Model):

@@ -374,18 +374,45 @@ def _find_metric(speed: Mapping[str, Any], m: Metric) -> tuple[int, Mapping[str,
 
 
 def _timed_output_problems(receipt: Mapping[str, Any], entry: Mapping[str, Any], m: Metric) -> list[str]:
-    """Timed reps must have generated what the checked (gate) run generated (MLPerf TEST01)."""
+    """Timed reps must have produced what the checked (gate) run produced for their variant (MLPerf TEST01);
+    another harness-clocked arm's outputs must have passed their check; no rep may beat the physical
+    ceiling recorded with the samples. Re-derived from the raw outputs, never from the recorded flags alone."""
+    from .ceiling import implausible
+
     problems = []
+    name = metric_name(m)
     if entry.get("timed_output_ok") is False:
-        problems.append(f"{metric_name(m)}: timed outputs differ from the checked run (timed_output_ok false)")
-    greedy = ((receipt.get("gate") or {}).get("greedy") or {}).get(f"{m.phase}@{m.depth}")
-    if greedy is not None:
-        for b in entry["arms"]["candidate"]["blocks"]:
-            for r, ids in enumerate(b.get("token_ids") or []):
-                if list(ids) != list(greedy):
-                    problems.append(f"{metric_name(m)}: block {b.get('block')} rep {r} generated tokens that differ "
-                                    "from the checked run")
-                    return problems
+        problems.append(f"{name}: timed outputs differ from the checked run (timed_output_ok false)")
+    gate = receipt.get("gate") or {}
+    key = f"{m.phase}@{m.depth}"
+    checked = (gate.get("checked") or {}).get(key)
+    greedy = (gate.get("greedy") or {}).get(key)  # receipts before per-variant reveals: one checked decode
+    for b in entry["arms"]["candidate"]["blocks"]:
+        variants = b.get("variants")
+        for r, ids in enumerate(b.get("token_ids") or []):
+            if checked is not None:
+                outs = checked.get("outputs") or []
+                v = variants[r] if isinstance(variants, list) and r < len(variants) else None
+                want = outs[v] if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(outs) else None
+            else:
+                want = greedy
+            if (checked is not None or greedy is not None) and (want is None or list(ids) != list(want)):
+                problems.append(f"{name}: block {b.get('block')} rep {r} produced tokens that differ from the checked "
+                                "run of its variant")
+                return problems
+    speed = receipt.get("speed") or {}
+    ceiling = speed.get("ceiling")
+    for arm, data in (entry.get("arms") or {}).items():
+        if arm == "reference":
+            continue
+        check = data.get("output_check")
+        if isinstance(check, Mapping) and check.get("ok") is False:
+            problems.append(f"{name}: the {arm} arm's timed outputs failed their check: "
+                            + "; ".join(map(str, check.get("reasons") or ["recorded as failed"])))
+        samples = [x for b in data.get("blocks", []) for x in b.get("samples_ns", [])]
+        why = implausible(ceiling, m.phase, m.n_tokens, samples)
+        if why:
+            problems.append(f"{name}: {arm} arm: {why}; the metric is not scored")
     return problems
 
 

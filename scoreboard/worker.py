@@ -2,12 +2,16 @@
 
 The parent (the round) writes a request, starts this module in a new process whose import path
 puts the candidate's `engines/` first and the harness's own `scoreboard` second, and reads the
-result file (never the worker's stdout). Timing is taken here by harness code (scoreboard.timing).
+result file (never the worker's stdout). No time is taken here: for op "timed" the worker follows the
+clock handshake (scoreboard.handshake) over the FIFOs beside its request, and the parent's clock makes
+the samples (scoreboard.timing). Anything in this process can be replaced by the candidate's code.
 
 Launched as W ranks by torchrun (a target with parallel.ranks = W, scoreboard.distributed), every rank
 joins the process group the harness sets up, then runs the same op. Rank 0 writes RESULT.json, rank r
 RESULT.rank{r}.json (its outcome), and every rank RESULT.rank{r}.pid when it starts, so that the parent
-can name the rank that failed first and make sure no rank outlives the launch.
+can name the rank that failed first and make sure no rank outlives the launch. In a timed session only
+rank 0 talks to the parent; it broadcasts each reveal to the other ranks, every rank steps, and rank 0
+answers once the group agreed on the output.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from . import registry
 from .distributed import RankGroup, launched_rank, launched_world
 from .engine import EngineTarget, Geometry, LogitsRequest, Workload
 from .errors import EngineError, ScoreboardError, TransientError
-from .timing import time_reps
+from .handshake import WorkerChannel
 
 
 def target_from_dict(d: dict[str, Any]) -> EngineTarget:
@@ -42,13 +46,69 @@ def target_to_dict(t: EngineTarget) -> dict[str, Any]:
 
 
 # an op is one or more parts run in order on one prepared engine ("gate": the gate's logits and its checked
-# greedy decode in one process, so the weights are loaded once for both)
-OPS: dict[str, tuple[str, ...]] = {"timed": ("timed",), "logits": ("logits",), "greedy": ("greedy",),
-                                   "gate": ("logits", "greedy")}
+# outputs — greedy decode for every decode variant, the next token for every prefill variant, in one process, so the
+# weights are loaded once for both)
+OPS: dict[str, tuple[str, ...]] = {"timed": ("timed",), "logits": ("logits",), "checked": ("checked",),
+                                   "gate": ("logits", "checked")}
+
+
+def workload_from_dict(w: dict[str, Any]) -> Workload:
+    return Workload(w["phase"], int(w["depth"]), int(w["n_tokens"]), tuple(int(x) for x in w["prompt_ids"]))
+
+
+def _engine(req: dict[str, Any]):
+    """The request's engine: an entry point (what a lock names), or the harness's own null engine, which only
+    the harness's request can ask for (no entry point resolves to it)."""
+    if req.get("harness_engine") == "null":
+        from .nullengine import NullEngine
+
+        return NullEngine()
+    return registry.load(req["engine"])
+
+
+def _session(engine, prepared, req: dict[str, Any], scratch: Path, group: RankGroup | None) -> None:
+    """The timed reps, rep by rep as the parent reveals them (rank 0 holds the channel)."""
+    lead = group is None or group.rank == 0
+    chan = WorkerChannel(scratch) if lead else None
+    try:
+        if chan is not None:
+            chan.send("hello", pid=os.getpid())
+        for i, (w, n) in enumerate(zip(req["workloads"], req["reps"])):
+            workload = workload_from_dict(w)
+            for j in range(int(n)):
+                state = engine.begin(prepared, workload)
+                engine.synchronize(prepared)
+                if group is not None:
+                    group.barrier()
+                tokens: Any = None
+                if chan is not None:
+                    chan.send("ready", workload=i, rep=j)
+                    tokens = chan.recv("reveal", workload=i, rep=j)["tokens"]
+                if group is not None:
+                    tokens = group.broadcast(tokens)
+                t0 = time.perf_counter_ns()
+                ids = [int(x) for x in engine.step(prepared, state, tuple(int(x) for x in tokens))]
+                engine.synchronize(prepared)
+                if group is not None:
+                    group.agree(ids, f"the timed {workload.phase} rep's token ids")
+                if chan is not None:
+                    chan.send("output", workload=i, rep=j, token_ids=ids, worker_ns=time.perf_counter_ns() - t0)
+        if chan is not None:
+            chan.recv("bye")
+    except ScoreboardError as exc:
+        if chan is not None:  # the parent is waiting for a message: tell it why none comes
+            try:
+                chan.send("error", error=exc.message, hint=exc.hint)
+            except OSError:
+                pass
+        raise
+    finally:
+        if chan is not None:
+            chan.close()
 
 
 def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict[str, Any]:
-    engine = registry.load(req["engine"])
+    engine = _engine(req)
     target = target_from_dict(req["target"])
     world = group.world if group else 1
     if target.ranks != world:
@@ -63,20 +123,12 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
     if group is not None:
         group.agree(json.dumps(result, sort_keys=True, default=str), "the engine identity")
         result["ranks"] = group.fingerprints()
-    barrier = group.barrier if group is not None else None
     try:
         parts = OPS.get(req["op"])
         if parts is None:
             raise ScoreboardError(f"unknown worker op {req['op']!r}; known: {', '.join(OPS)}")
         if "timed" in parts:
-            runs = []
-            for w in req["workloads"]:
-                workload = Workload(w["phase"], w["depth"], w["n_tokens"], tuple(w["prompt_ids"]))
-                reps = time_reps(engine, prepared, workload, reps=req["reps"], warmup=req["warmup"], barrier=barrier)
-                if group is not None:
-                    group.agree([r.token_ids for r in reps], f"the timed {workload.phase} reps' token ids")
-                runs.append([{"ns": r.ns, "n_tokens": r.n_tokens, "token_ids": r.token_ids} for r in reps])
-            result["runs"] = runs
+            _session(engine, prepared, req, out_dir, group)
         if "logits" in parts:
             files = []
             for i, q in enumerate(req["requests"]):
@@ -89,16 +141,19 @@ def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict
                     np.save(path, logits)
                 files.append({"path": str(path), "geometry": r.geometry.as_dict()})
             result["logits"] = files
-        if "greedy" in parts:
-            greedy = []
-            for w in req["workloads"]:
-                workload = Workload(w["phase"], w["depth"], w["n_tokens"], tuple(w["prompt_ids"]))
-                state = engine.begin(prepared, workload)
-                toks = [int(x) for x in engine.step(prepared, state)]
-                if group is not None:
-                    group.agree(toks, "the greedy tokens")
-                greedy.append(toks)
-            result["greedy"] = greedy
+        if "checked" in parts:  # the gate's checked outputs: the same begin/step, untimed, one per variant
+            checked = []
+            for c in req["checked"]:
+                workload = workload_from_dict(c["workload"])
+                outs = []
+                for revealed in c["reveals"]:
+                    state = engine.begin(prepared, workload)
+                    toks = [int(x) for x in engine.step(prepared, state, tuple(int(x) for x in revealed))]
+                    if group is not None:
+                        group.agree(toks, f"the checked {workload.phase} output")
+                    outs.append(toks)
+                checked.append(outs)
+            result["checked"] = checked
     finally:
         engine.close(prepared)
     peak = peak_memory()

@@ -19,12 +19,13 @@ import tomlkit
 
 from receipt_factory import zero_slots
 from scoreboard.distributed import launch_command, rank_problems, visible_devices
-from scoreboard.engine import EngineTarget, Geometry
+from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.errors import EngineError
 from scoreboard.lockfile import LockError, load_lock, parse_lock
 from scoreboard.round.candidate import HARNESS_ROOT
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.round.workers import run_worker
+from scoreboard.timing import SessionPlan, run_session
 from scoreboard.verify import verify as verify_all
 from scoreboard.weights.verify import default_cache, ensure_generated
 
@@ -158,7 +159,7 @@ class SparkInferEngine(Engine):
     def begin(self, prepared, workload):
         return workload
 
-    def step(self, prepared, workload):
+    def step(self, prepared, workload, revealed):
         h = prepared.handle
         if h["mode"] == "slow_rank" and h["rank"] == 1:
             time.sleep(0.5)
@@ -182,14 +183,15 @@ def _stub_target(mode: str, ranks: int = 2) -> EngineTarget:
 
 
 def _run_stub(stub_root: Path, tmp_path: Path, mode: str, op: str = "logits", timeout_s: float = 120, ranks: int = 2):
+    wl = {"phase": "decode", "depth": 1, "n_tokens": 3, "prompt_ids": []}
     payload = {"logits": {"requests": [{"token_ids": [1, 2, 3], "positions": [2]}]},
-               "greedy": {"workloads": [{"phase": "decode", "depth": 0, "n_tokens": 3, "prompt_ids": [1]}]},
-               "timed": {"workloads": [{"phase": "decode", "depth": 0, "n_tokens": 3, "prompt_ids": [1]}],
-                         "reps": 2, "warmup": 1}}[op]
+               "checked": {"checked": [{"workload": wl, "reveals": [[1]]}]},
+               "timed": {"workloads": [wl], "reps": [3]}}[op]
+    plan = SessionPlan([Workload("decode", 1, 3, ())], [[(0, (1,)), (1, (2,)), (2, (3,))]], warmup=1)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     return run_worker("sparkinfer", stub_root, _stub_target(mode, ranks), tmp_path / "cache", op, payload, timeout_s,
-                      workdir=work)
+                      workdir=work, session=(lambda ch: run_session(ch, plan)) if op == "timed" else None)
 
 
 def _rank_pids(tmp_path: Path) -> list[int]:
@@ -253,10 +255,11 @@ def test_ranks_that_disagree_on_logits_are_refused(stub_root, tmp_path):
 
 def test_rank_zero_clock_waits_for_the_slowest_rank(stub_root, tmp_path):
     """Rank 1 sleeps 0.5 s in step(), rank 0 returns at once: rank 0's reps must still cover rank 1's step."""
-    fast = _run_stub(stub_root, tmp_path, "ok", op="timed").body["runs"][0]
-    slow = _run_stub(stub_root, tmp_path, "slow_rank", op="timed").body["runs"][0]
-    assert len(slow) == 2 and all(r["ns"] >= 500_000_000 for r in slow)
-    assert all(r["ns"] < 400_000_000 for r in fast)
+    fast = _run_stub(stub_root, tmp_path, "ok", op="timed").session[0]
+    slow = _run_stub(stub_root, tmp_path, "slow_rank", op="timed").session[0]
+    assert len(slow) == 2 and all(r.ns >= 500_000_000 for r in slow)  # the parent's clock, around rank 0's answer
+    assert all(r.ns < 400_000_000 for r in fast)
+    assert [r.variant for r in slow] == [1, 2] and all(r.token_ids == [7, 7, 7] for r in slow)
 
 
 def test_an_engine_without_ranks_is_refused(tmp_path):

@@ -36,13 +36,13 @@ class ToyEngine(Engine):
         return LogitsResult(rows.astype(np.float32), request.geometry)
 
     def begin(self, prepared, workload):
-        return list(workload.prompt_ids[: max(workload.depth, 1)]), workload.n_tokens
+        return workload.phase, workload.n_tokens
 
-    def step(self, prepared, state):
-        ids, n = state
+    def step(self, prepared, state, revealed):
+        phase, n = state
         out = []
-        last = ids[-1]
-        for _ in range(n):
+        last = revealed[-1]
+        for _ in range(n if phase == "decode" else 1):
             last = int(np.argmax(prepared.handle[last]))
             out.append(last)
         return out
@@ -60,9 +60,21 @@ class NondeterministicEngine(ToyEngine):
     name = "toyrand"
     _n = 0
 
-    def step(self, prepared, state):
+    def step(self, prepared, state, revealed):
         NondeterministicEngine._n += 1
-        return [NondeterministicEngine._n % VOCAB] * state[1]
+        return [NondeterministicEngine._n % VOCAB] * (state[1] if state[0] == "decode" else 1)
+
+
+class PrecomputingEngine(ToyEngine):
+    """Answers from what begin() saw (the known prompt's last token), ignoring the revealed one."""
+
+    name = "toyprecompute"
+
+    def begin(self, prepared, workload):
+        return workload.phase, workload.n_tokens, workload.prompt_ids[-1] if workload.prompt_ids else 0
+
+    def step(self, prepared, state, revealed):
+        return super().step(prepared, state[:2], (state[2],))
 
 
 def _target(tmp_path: Path) -> EngineTarget:
@@ -71,10 +83,10 @@ def _target(tmp_path: Path) -> EngineTarget:
 
 @pytest.fixture
 def injected():
-    for cls in (ToyEngine, Float64Engine, NondeterministicEngine):
+    for cls in (ToyEngine, Float64Engine, NondeterministicEngine, PrecomputingEngine):
         registry.inject(cls.name, cls)
     yield
-    for cls in (ToyEngine, Float64Engine, NondeterministicEngine):
+    for cls in (ToyEngine, Float64Engine, NondeterministicEngine, PrecomputingEngine):
         registry.uninject(cls.name)
 
 
@@ -105,5 +117,11 @@ def test_contract_catches_float64_logits(injected, tmp_path):
 
 
 def test_contract_catches_nondeterministic_greedy(injected, tmp_path):
-    with pytest.raises(ContractViolation, match="same tokens every rep"):
+    with pytest.raises(ContractViolation, match="same output for the same reveal"):
         run_contract(registry.load("toyrand"), _target(tmp_path), tmp_path, list(range(VOCAB)) * 4, depth=64)
+
+
+def test_contract_catches_an_answer_that_ignores_the_reveal(injected, tmp_path):
+    prompt = list(np.random.default_rng(1).integers(0, VOCAB, 200))
+    with pytest.raises(ContractViolation, match="greedy next token after the prompt and the revealed"):
+        run_contract(registry.load("toyprecompute"), _target(tmp_path), tmp_path, prompt, depth=100)

@@ -20,7 +20,7 @@ from scoreboard.errors import EngineError
 from scoreboard.gate import gate_positions, grade_depth
 from scoreboard.lockfile import load_lock
 from scoreboard.round.prompt import draw_prompt
-from scoreboard.timing import time_reps
+from scoreboard.timing import in_process_reps
 from scoreboard.weights.generate import generate
 from scoreboard.weights.tokenizer import Tokenizer
 
@@ -106,8 +106,8 @@ def test_logits_rows_follow_the_request_and_echo_the_geometry(prepared, prompt):
 def test_greedy_decode_is_the_timed_path_and_continues_the_logits_path(prepared, prompt):
     engine, prep = prepared
     depth, n = 700, 8
-    wl = Workload("decode", depth, n, prompt[: depth + n])
-    reps = time_reps(engine, prep, wl, reps=2, warmup=1)
+    wl, revealed = Workload.split("decode", depth, n, prompt)
+    reps = in_process_reps(engine, prep, wl, [revealed] * 3, warmup=1)
     toks = greedy_decode(prep, prompt, depth, n)
     assert [r.token_ids for r in reps] == [toks, toks] and len(toks) == n
     assert all(r.ns > 0 and r.n_tokens == n for r in reps)
@@ -122,24 +122,28 @@ def test_decode_really_fills_the_depth(prepared, prompt):
     import torch
 
     engine, prep = prepared
-    state = engine.begin(prep, Workload("decode", 500, 4, prompt[:504]))
-    assert state.cache.n_past == 500
+    wl, revealed = Workload.split("decode", 500, 4, prompt)
+    state = engine.begin(prep, wl)
+    assert state.cache.n_past == 499  # the known context; the token at 499 is revealed to step()
     for st in state.cache.layers.values():
-        if hasattr(st, "latent"):  # MLA: exactly `depth` latent rows written
-            assert bool((st.latent[:500].abs().sum(-1) > 0).all()) and not st.latent[500:].any()
+        if hasattr(st, "latent"):  # MLA: exactly the known latent rows written
+            assert bool((st.latent[:499].abs().sum(-1) > 0).all()) and not st.latent[499:].any()
         else:  # KDA: a non-trivial recurrent state
             assert float(st.s.abs().sum()) > 0 and torch.isfinite(st.s).all()
-    assert len(engine.step(prep, state)) == 4 and state.cache.n_past == 504
-    with pytest.raises(EngineError, match="needs"):
-        engine.begin(prep, Workload("prefill", 10, 64, prompt[:20]))
+    assert len(engine.step(prep, state, revealed)) == 4 and state.cache.n_past == 503
+    with pytest.raises(ValueError, match="exactly 10 prompt ids"):
+        Workload("prefill", 10, 64, prompt[:20])
+    state = engine.begin(prep, Workload.split("prefill", 10, 64, prompt)[0])
+    with pytest.raises(EngineError, match="got 3 revealed ids, this workload reveals 64"):
+        engine.step(prep, state, (1, 2, 3))
 
 
 def test_prefill_step_ingests_the_tokens_and_returns_the_last_argmax(prepared, prompt):
     engine, prep = prepared
-    wl = Workload("prefill", 100, 530, prompt[:630])
+    wl, revealed = Workload.split("prefill", 100, 530, prompt)
     state = engine.begin(prep, wl)
     assert state.cache.n_past == 100
-    out = engine.step(prep, state)
+    out = engine.step(prep, state, revealed)
     assert state.cache.n_past == 630
     want = engine.logits(prep, LogitsRequest(prompt[:630], (629,), GEOM)).logits[0]
     assert out == [int(np.argmax(want))]

@@ -156,16 +156,17 @@ def test_engine_static_decode_equals_the_eager_engine(shards):
     static = engine.prepare(_target(shards), Path("unused"))
     static.handle.static_decode = True
     prompt = tuple(_prompt(DEPTH + N).tolist())
-    for depth, n in ((DEPTH, N), (0, 6), (37, 3)):
+    for depth, n in ((DEPTH, N), (1, 6), (37, 3)):
         assert greedy_decode(static, prompt, depth, n) == greedy_decode(eager, prompt, depth, n), (depth, n)
-    first = engine.begin(static, Workload("decode", DEPTH, 4, prompt))
-    assert first.cache is static.handle.decoder.cache and first.cache.n_past == DEPTH
-    second = engine.begin(static, Workload("decode", DEPTH, 4, prompt))
+    wl, revealed = Workload.split("decode", DEPTH, 4, prompt)
+    first = engine.begin(static, wl)
+    assert first.cache is static.handle.decoder.cache and first.cache.n_past == DEPTH - 1
+    second = engine.begin(static, wl)
     with pytest.raises(EngineError, match="superseded by a later begin"):
-        engine.step(static, first)
-    assert engine.step(static, second) == greedy_decode(eager, prompt, DEPTH, 4)
-    assert second.cache.n_past == DEPTH + 4
-    prefill = engine.begin(static, Workload("prefill", 10, 20, prompt))  # prefill workloads stay eager
+        engine.step(static, first, revealed)
+    assert engine.step(static, second, revealed) == greedy_decode(eager, prompt, DEPTH, 4)
+    assert second.cache.n_past == DEPTH - 1 + 4
+    prefill = engine.begin(static, Workload.split("prefill", 10, 20, prompt)[0])  # prefill workloads stay eager
     assert prefill.cache is not static.handle.decoder.cache
 
 

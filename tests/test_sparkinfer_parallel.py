@@ -339,7 +339,7 @@ class Runs:
         ids, _, pos = _gate_ids(sh)
         d, n, reps, warm = TIMED
         return ParallelJob(target(sh), logits=(ids, pos), greedy=(ids, *DECODE),
-                           timed=(Workload("decode", d, n, ids[:d + n]), reps, warm))
+                           timed=(*Workload.split("decode", d, n, ids), reps, warm))
 
     def single(self, name: str) -> dict:
         key = (name, 1)
@@ -350,7 +350,7 @@ class Runs:
             ids, pos = job.logits
             self.cache[key] = {"logits": engine.logits(prep, LogitsRequest(ids, pos, GEOM)).logits,
                                "greedy": greedy_decode(prep, *job.greedy),
-                               "timed": greedy_decode(prep, job.timed[0].prompt_ids, TIMED[0], TIMED[1])}
+                               "timed": greedy_decode(prep, ids, TIMED[0], TIMED[1])}
         return self.cache[key]
 
     def parallel(self, name: str, world: int) -> dict:

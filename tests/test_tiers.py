@@ -223,10 +223,34 @@ def test_timed_outputs_must_match_the_checked_run():
     scored["arms"]["candidate"]["blocks"][2]["token_ids"][1] = greedy[:-1] + [7]
     v = verdict_from_receipt(r)
     assert (v.label, v.speed_label) == ("REJECT", None)
-    assert "block 2 rep 1 generated tokens that differ" in v.reasons[0]
+    assert "block 2 rep 1 produced tokens that differ" in v.reasons[0]
     r = _case("guard_regression", 1)
     r["speed"]["metrics"][1]["timed_output_ok"] = False
     assert verdict_from_receipt(r).label == "REJECT"
+
+
+def test_timed_outputs_must_match_their_variant_and_beat_no_ceiling():
+    """Per-variant receipts: each rep is compared with the checked output of the variant it was revealed,
+    re-derived from the raw outputs (a forged timed_output_ok true does not help); a rep faster than the
+    recorded ceiling refuses the metric."""
+    r = _case("guard_regression", 1)
+    outs = [[v] * 128 for v in range(4)]
+    r["gate"]["checked"] = {"decode@131072": {"outputs": outs}}
+    scored = next(m for m in r["speed"]["metrics"] if m["phase"] == "decode")
+    for b in scored["arms"]["candidate"]["blocks"]:
+        b["variants"] = [i % 4 for i in range(len(b["samples_ns"]))]
+        b["token_ids"] = [outs[v] for v in b["variants"]]
+    assert verdict_from_receipt(r).label == "M"
+    blk = scored["arms"]["candidate"]["blocks"][1]
+    blk["token_ids"][0] = outs[(blk["variants"][0] + 1) % 4]  # another variant's (right) answer
+    v = verdict_from_receipt(r)
+    assert v.label == "REJECT" and "checked run of its variant" in v.reasons[0]
+    blk["token_ids"][0] = outs[blk["variants"][0]]
+    fastest = min(x for b in scored["arms"]["candidate"]["blocks"] for x in b["samples_ns"])
+    r["speed"]["ceiling"] = {"decode_max_tok_s": 128 / (fastest / 1e9) * 0.9, "memory_bandwidth_gbs": 4800,
+                             "devices": 8, "decode_bytes_per_token": 1}
+    v = verdict_from_receipt(r)
+    assert v.label == "REJECT" and any("physical ceiling" in x for x in v.reasons)
 
 
 def test_gate_flag_is_noted():

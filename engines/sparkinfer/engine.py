@@ -5,19 +5,17 @@ Code paths (one for checking, the same for timing):
 * prefill — tokens go through ``K3Model.forward`` in chunks of ``geometry.n_ubatch`` (chunked KDA,
   MLA over the f16 latent cache); ``logits()`` uses exactly this and returns, for each requested
   position p, the next-token logits after consuming ``token_ids[:p+1]``.
-* decode — :meth:`SparkInferEngine.begin` (untimed) builds a fresh cache and really prefills the
-  context ``prompt_ids[:depth]`` through the chunked path, so ``depth`` tokens sit in the cache, and
-  takes g1 = argmax of the context's last logits. :meth:`step` (timed) runs ``n_tokens`` single-token
-  forwards fed g1, g2, ..., gn (g(i+1) = argmax of the forward fed gi) and returns [g1, ..., gn]: the
-  greedy continuation, token i being the argmax after consuming the context + tokens[:i] — what the
-  round teacher-forces through the reference. (The last forward's argmax, g(n+1), is not returned.)
-  With depth 0 the context is ``prompt_ids[:1]`` and it is fed inside the timed part: the forwards
-  are fed prompt_ids[0], g1, ..., g(n-1). :func:`greedy_decode` is this path, for the gate's checked run.
-  With ``options["cuda_graph"]`` (the default on CUDA) begin() prefills into graph.py's persistent
-  buffers and captures the static-shape step once per attention span; step() replays it per token.
-* prefill timing — :meth:`begin` prefills ``prompt_ids[:depth]`` (untimed) and holds the next
-  ``n_tokens`` prompt tokens; :meth:`step` ingests them in ``n_ubatch`` chunks and returns ``[argmax]``
-  of the last position's logits (one id).
+* decode at depth d — :meth:`SparkInferEngine.begin` (untimed) builds a fresh cache and really prefills
+  the known context ``prompt[:d-1]`` through the chunked path. :meth:`step` (timed) gets the revealed
+  token prompt[d-1] and runs ``n_tokens`` single-token forwards fed prompt[d-1], g1, ..., g(n-1)
+  (gi = argmax of the forward before) and returns [g1, ..., gn]: the greedy continuation, token i being
+  the argmax after consuming the prompt + tokens[:i] — what the round teacher-forces through the
+  reference. :func:`greedy_decode` is this path, for tests. With ``options["cuda_graph"]`` (the default
+  on CUDA) begin() prefills into graph.py's persistent buffers and captures the static-shape step once
+  per attention span; step() replays it per token, fed the revealed token first.
+* prefill at depth d — :meth:`begin` prefills ``prompt[:d]`` (untimed); :meth:`step` ingests the
+  ``n_tokens`` revealed tokens in ``n_ubatch`` chunks and returns ``[argmax]`` of the last position's
+  logits (one id).
 
 The engine never reads a clock. Options (``EngineTarget.options``, typed in options.py: a target pins them in
 reference.lock as ``candidate_options``): ``dtype`` of the weights and matmuls
@@ -83,17 +81,15 @@ class Loaded:
 
 @dataclass
 class DecodeState:
-    cache: K3Cache
-    seed: torch.Tensor  # [1] long: the first token the timed part feeds
+    cache: K3Cache  # the known context prompt[:depth-1], filled
     n_tokens: int
-    seed_is_output: bool  # True: seed = g1, the context's greedy next token (depth > 0)
     generation: int | None = None  # the StaticDecoder reset this state lives in; None: eager decode
 
 
 @dataclass
 class PrefillState:
-    cache: K3Cache
-    tokens: torch.Tensor  # [n_tokens] long: ingested by the timed part
+    cache: K3Cache  # prompt[:depth], filled
+    n_tokens: int  # the revealed tokens step() ingests
 
 
 def checked_config(target: EngineTarget) -> Any:
@@ -252,39 +248,38 @@ class SparkInferEngine(Engine):
         h = _handle(prepared)
         torch.set_num_threads(_threads(h.geometry))
         p, d, n = list(workload.prompt_ids), workload.depth, workload.n_tokens
-        have = d + n if workload.phase == "prefill" else max(d, 1)
-        if len(p) < have:
-            raise EngineError(f"{workload.phase} workload has {len(p)} prompt ids; depth {d} with {n} tokens "
-                              f"needs {have}", "give the workload enough prompt ids")
+        if len(p) != workload.known_len:
+            raise EngineError(f"{workload.phase} workload has {len(p)} known prompt ids, depth {d} gives "
+                              f"{workload.known_len}", "build workloads with Workload.split")
         need = d + n  # cache rows: the context plus the tokens the timed part feeds
         with torch.inference_mode():
             if workload.phase == "decode" and h.static_decode:
                 return _begin_static(h, p, d, n, _n_ctx(h.geometry, need))
             cache = h.model.new_cache(_n_ctx(h.geometry, need))
+            if p:
+                prefill(h.model, cache, _ids(h, p), h.geometry.n_ubatch, [])
             if workload.phase == "prefill":
-                if d:
-                    prefill(h.model, cache, _ids(h, p[:d]), h.geometry.n_ubatch, [])
-                return PrefillState(cache, _ids(h, p[d:d + n]))
-            if d == 0:
-                return DecodeState(cache, _ids(h, p[:1]), n, seed_is_output=False)
-            last = prefill(h.model, cache, _ids(h, p[:d]), h.geometry.n_ubatch, [d - 1])
-            return DecodeState(cache, last.argmax(-1), n, seed_is_output=True)
+                return PrefillState(cache, n)
+            return DecodeState(cache, n)
 
-    def step(self, prepared: Prepared, state: DecodeState | PrefillState) -> list[int]:
+    def step(self, prepared: Prepared, state: DecodeState | PrefillState, revealed: tuple[int, ...]) -> list[int]:
         h = _handle(prepared)
+        want = state.n_tokens if isinstance(state, PrefillState) else 1
+        if len(revealed) != want:
+            raise EngineError(f"step() got {len(revealed)} revealed ids, this workload reveals {want}",
+                              "pass exactly the revealed part of the prompt")
         with torch.inference_mode():
+            ids = _ids(h, revealed)
             if isinstance(state, PrefillState):
-                n = int(state.tokens.shape[0])
-                last = prefill(h.model, state.cache, state.tokens, h.geometry.n_ubatch, [state.cache.n_past + n - 1])
+                n = int(ids.shape[0])
+                last = prefill(h.model, state.cache, ids, h.geometry.n_ubatch, [state.cache.n_past + n - 1])
                 return [int(last.argmax(-1)[0])]
             h.decode_steps += 1
-            if h.faults.cheat_when_timed and h.decode_steps > 1:
-                return [int(state.seed[0])] * state.n_tokens  # the shortcut: no forward passes at all
+            if h.faults.cheat_when_timed and h.decode_steps > 1 and os.path.exists("clock.to-worker"):
+                return [int(revealed[0])] * state.n_tokens  # the shortcut: no forward passes at all
             if state.generation is None:
-                out = decode(h.model, state.cache, state.seed, state.n_tokens)
-            else:
-                out = _decoder(h, state).run(state.seed, state.n_tokens)
-            return ([int(state.seed[0])] + out[:-1]) if state.seed_is_output else out
+                return decode(h.model, state.cache, ids, state.n_tokens)
+            return _decoder(h, state).run(ids, state.n_tokens)
 
     def synchronize(self, prepared: Prepared) -> None:
         h = prepared.handle
@@ -330,12 +325,10 @@ def _begin_static(h: Loaded, p: list[int], d: int, n: int, n_ctx: int) -> Decode
     if h.decoder is None or h.decoder.n_ctx != n_ctx:
         h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
     cache = h.decoder.reset(d + n)
-    if d == 0:
-        seed, seed_is_output = _ids(h, p[:1]), False
-    else:
-        seed, seed_is_output = prefill(h.model, cache, _ids(h, p[:d]), h.geometry.n_ubatch, [d - 1]).argmax(-1), True
+    if p:
+        prefill(h.model, cache, _ids(h, p), h.geometry.n_ubatch, [])
     h.decoder.check()
-    return DecodeState(cache, seed, n, seed_is_output, generation=h.decoder.generation)
+    return DecodeState(cache, n, generation=h.decoder.generation)
 
 
 def _decoder(h: Loaded, state: DecodeState) -> StaticDecoder:
@@ -346,11 +339,12 @@ def _decoder(h: Loaded, state: DecodeState) -> StaticDecoder:
 
 
 def greedy_decode(prepared: Prepared, prompt_ids: list[int] | tuple[int, ...], depth: int, n_tokens: int) -> list[int]:
-    """The gate's checked run: exactly what begin()+step() of a decode workload generate."""
+    """Exactly what begin()+step() of a decode workload generate for the full prompt (its token at
+    depth-1 revealed to step())."""
     engine = SparkInferEngine()
-    ids = tuple(prompt_ids)
-    state = engine.begin(prepared, Workload("decode", depth, n_tokens, ids))
-    return engine.step(prepared, state)
+    workload, revealed = Workload.split("decode", depth, n_tokens, prompt_ids)
+    state = engine.begin(prepared, workload)
+    return engine.step(prepared, state, revealed)
 
 
 def _handle(prepared: Prepared) -> Loaded:

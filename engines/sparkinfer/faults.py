@@ -28,9 +28,10 @@ FAULTS: dict[str, str] = {
     "res_strides_transposed": "the residual-checkpoint bank [tokens, ckpt, embd] read with the token and "
                               "checkpoint strides swapped (only differs with >= 2 checkpoints, i.e. layers "
                               "beyond the first attn_res block, and more than one token in the ubatch)",
-    "cheat_when_timed": "correct when checked, a shortcut when timed: the first decode step in a process runs "
-                        "the model; later ones (the timed reps) repeat the first token without running it — "
-                        "the fast path only taken when nobody checks (MLPerf TEST01)",
+    "cheat_when_timed": "correct when checked, a shortcut when timed: in a process that sees the clock "
+                        "handshake's FIFO in its working directory (a timed launch), decode steps after the "
+                        "first repeat the revealed token without running the model — the fast path only "
+                        "taken when nobody checks (MLPerf TEST01)",
 }
 
 # faults that change the model's numbers (the gate's logits see them) vs. faults that only change

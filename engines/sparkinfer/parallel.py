@@ -42,7 +42,7 @@ import torch.distributed as dist
 from scoreboard.distributed import RankGroup
 from scoreboard.engine import EngineTarget, LogitsRequest, Prepared, Workload
 from scoreboard.errors import EngineError, InputError
-from scoreboard.timing import time_reps
+from scoreboard.timing import in_process_reps
 
 from .engine import (
     DTYPES,
@@ -398,7 +398,7 @@ class ParallelJob:
     target: EngineTarget
     logits: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (token_ids, positions)
     greedy: tuple[tuple[int, ...], int, int] | None = None  # (prompt_ids, depth, n_tokens)
-    timed: tuple[Workload, int, int] | None = None  # (workload, reps, warmup)
+    timed: tuple[Workload, tuple[int, ...], int, int] | None = None  # (workload, revealed ids, reps, warmup)
     fingerprints: bool = True
 
 
@@ -428,8 +428,8 @@ def run_job(rank: int, world: int, job: ParallelJob) -> dict[str, Any]:
         out["greedy"] = toks
         out["greedy_collectives"] = model.n_collectives - before
     if job.timed is not None:
-        wl, reps, warmup = job.timed
-        timed = time_reps(engine, prep, wl, reps, warmup, barrier=group.barrier)
+        wl, revealed, reps, warmup = job.timed
+        timed = in_process_reps(engine, prep, wl, [revealed] * (warmup + reps), warmup, barrier=group.barrier)
         group.agree([r.token_ids for r in timed], "the timed reps' token ids")
         out["reps"] = timed if rank == 0 else None
     return out

@@ -12,8 +12,10 @@ from .. import environment, registry
 from ..engine import Engine, LogitsRequest, Prepared, Workload
 from ..errors import EngineError, InputError
 from ..gate import GateResult, gate_positions, grade_depth
+from ..timing import SessionPlan, run_session
 from .candidate import import_root
 from .prompt import Prompt, draw_prompt
+from .reveal import Variants, block_order, metric_variants
 from .schedule import balanced_schedule
 from .workers import run_worker
 
@@ -28,6 +30,20 @@ class PreflightResult:
     ref_prepared: Prepared
     config: Any
     fit: Any
+    ceiling: dict[str, Any] | None = None  # scoreboard.ceiling: the decode-rate bound, or None
+
+
+def _ceiling(rnd: "Round", shards: list[Path], config: Any) -> dict[str, Any] | None:
+    """The decode-rate ceiling from the weights just re-hashed (before any candidate code ran, so the
+    candidate could not have touched the tensor sizes it is computed from) and the node class."""
+    from ..ceiling import decode_ceiling
+
+    t = rnd.target
+    bw = rnd.lock.nodes[t.node].memory_bandwidth_gbs
+    if bw is None:
+        return None
+    devices = t.parallel.ranks if t.device == "cuda" else 1
+    return decode_ceiling(shards, config, bw, devices).as_dict()
 
 
 def preflight(rnd: "Round") -> PreflightResult:
@@ -59,6 +75,7 @@ def preflight(rnd: "Round") -> PreflightResult:
     fp["fit"] = {"ranks": fit.ranks, "need_gib_per_rank": round(fit.need_gib, 4), "usable_gib": fit.usable_gib,
                  "lines": {x.item: round(x.gib, 4) for x in fit.lines}}
     rnd.pre = PreflightResult(shards, registry.load(t.reference_engine), None, config, fit)  # type: ignore[arg-type]
+    rnd.pre.ceiling = _ceiling(rnd, shards, config)
     ref_target = rnd.reference_target()
     rnd.report("step", message=f"preparing reference {t.reference_engine} at its pin (build re-verified)")
     ref_prepared = rnd.pre.ref_engine.prepare(ref_target, rnd.opts.cache_dir,
@@ -96,31 +113,39 @@ class GateStage:
     def __init__(self, rnd: "Round"):
         self.rnd = rnd
         t = rnd.target
-        self.decode_metrics = [m for m in t.metrics if m.phase == "decode"]
         need = max([max(t.gate.depths)] + [m.depth + m.n_tokens for m in t.metrics])
         from ..weights.tokenizer import Tokenizer
 
         tok = Tokenizer.from_gguf(rnd.pre.shards[0])
         self.prompt: Prompt = draw_prompt(tok, need, rnd.seed)
-        self.greedy: dict[str, list[int]] = {}
+        # V secret variants per metric: every timed launch reveals each once (warm-up reps included)
+        self.n_variants = t.speed.warmup_reps + (rnd.opts.reps or t.speed.reps)
+        try:
+            self.variants: list[Variants] = [
+                metric_variants(tok, self.prompt.token_ids, m.phase, m.depth, m.n_tokens, self.n_variants, rnd.seed)
+                for m in t.metrics]
+        except ValueError as exc:
+            raise InputError(f"targets.{rnd.target_id}.metrics: {exc}",
+                             "decode metrics need depth >= 1 (the token at depth-1 is revealed when the clock starts)"
+                             ) from None
+        self.checked: dict[str, list[list[int]]] = {}  # metric -> the checked output of each variant
+        self.ref_next: dict[str, list[int]] = {}  # prefill metric -> the reference's next token per variant
+        self.graded: dict[tuple[str, int, tuple[int, ...]], bool] = {}  # (metric, variant, output) -> vs reference
 
-    def workloads(self) -> list[Workload]:
-        ids = self.prompt.token_ids
-        return [Workload(m.phase, m.depth, m.n_tokens, ids[: m.depth + m.n_tokens]) for m in self.rnd.target.metrics]
-
-    def candidate_call(self, op: str, payload: dict[str, Any], source=None) -> dict[str, Any]:
+    def candidate_call(self, op: str, payload: dict[str, Any], source=None, session=None,
+                       root: Path | None = None) -> dict[str, Any]:
         rnd = self.rnd
         source = source or rnd.source
-        res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
+        res = run_worker(rnd.target.candidate_engine, root or import_root(source, rnd.opts.cache_dir),
                          rnd.candidate_target(), rnd.opts.cache_dir, op, payload, rnd.target.speed.timeout_s,
-                         env=rnd.device_env())
+                         env=rnd.device_env(), session=session)
         base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
         if base + [f"<{op}>"] not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(base + [f"<{op}>"])
         if "ranks" in res.body:
             self.check_ranks(res.body["ranks"])
         self.record_peaks(res.body.get("peak_memory") or [])
-        return {**res.body, "_wall_ns": res.wall_ns, "_command": base}
+        return {**res.body, "_wall_ns": res.wall_ns, "_command": base, "_session": res.session}
 
     def record_peaks(self, peaks: list[dict[str, Any]]) -> None:
         """environment.peak_memory: per rank, the largest peak any candidate launch reached, next to the
@@ -165,10 +190,12 @@ class GateStage:
         ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(ids, tuple(positions), geom))
         if ref.command:
             r["commands"].append(ref.command)
-        decode = [w for w in self.workloads() if w.phase == "decode"]
-        rnd.report("step", message="candidate logits and its checked greedy decode (fresh worker process)")
+        rnd.report("step", message=f"candidate logits and its checked outputs for {self.n_variants} secret "
+                                   "variants per metric (fresh worker process)")
         body = self.candidate_call("gate", {"requests": [{"token_ids": list(ids), "positions": positions}],
-                                            "workloads": [_wl(w) for w in decode]})
+                                            "checked": [{"workload": _wl(v.workload),
+                                                         "reveals": [list(x) for x in v.reveals]}
+                                                        for v in self.variants]})
         r["candidate"] = _side(rnd, rnd.source, body["identity"])
         if rnd.main_source is not None:
             r["main"] = _side(rnd, rnd.main_source, {})
@@ -189,33 +216,80 @@ class GateStage:
         gate["prompt"] = self.prompt.describe()
         gate["ratchet_round"] = rnd.history.ratchet.round_id if rnd.history.ratchet else None
         gate["geometry"] = ref.geometry.as_dict()
-        # the checked run: greedy decode through the decode path, then graded against the reference
-        rnd.report("step", message="checked greedy decode against the reference (the timed run must reproduce it)")
-        greedy = body["greedy"]
-        gate["greedy"] = {}
-        gate["greedy_check"] = []
-        for w, toks in zip(decode, greedy):
-            key = f"decode@{w.depth}"
-            gate["greedy"][key] = toks
-            agree = self.greedy_agreement(w, toks)
-            ok = agree >= pol.top1_min
-            gate["greedy_check"].append({"metric": key, "top1_vs_reference": agree, "pass": ok})
-            if not ok:
-                gate["pass"] = False
-                gate["reasons"].append(f"{key}: the decode path's greedy tokens agree with the reference's argmax "
-                                       f"on only {agree:.3f} of positions < top1_min {pol.top1_min}")
-        self.greedy = gate["greedy"]
+        # the checked outputs, one per secret variant, graded against the reference; every timed rep must
+        # reproduce its variant's
+        rnd.report("step", message="checked outputs against the reference (each timed rep must reproduce its variant's)")
+        outputs = body.get("checked")
+        if not isinstance(outputs, list) or len(outputs) != len(self.variants):
+            raise EngineError("the gate worker returned no checked outputs for the metrics' variants")
+        gate["checked"], gate["greedy_check"], gate["prefill_check"] = {}, [], []
+        for var, outs in zip(self.variants, outputs):
+            w = var.workload
+            if len(outs) != len(var.reveals) or any(len(o) != w.output_len for o in outs):
+                raise EngineError(f"{var.key}: the checked run returned {[len(o) for o in outs]} ids per variant, "
+                                  f"the contract wants {w.output_len} for each of {len(var.reveals)}",
+                                  "decode returns n_tokens ids, prefill one (the next token)")
+            self.checked[var.key] = [list(map(int, o)) for o in outs]
+            gate["checked"][var.key] = {**var.describe(), "outputs": self.checked[var.key]}
+            if w.phase == "decode":
+                agrees = [self.greedy_agreement(var, v, o) for v, o in enumerate(outs)]
+                for v, (o, agree) in enumerate(zip(outs, agrees)):
+                    ok = agree >= pol.top1_min
+                    self.graded[(var.key, v, tuple(o))] = ok
+                    gate["greedy_check"].append({"metric": var.key, "variant": v, "top1_vs_reference": agree,
+                                                 "pass": ok})
+                    if not ok:
+                        gate["pass"] = False
+                        gate["reasons"].append(f"{var.key} variant {v}: the decode path's greedy tokens agree with "
+                                               f"the reference's argmax on only {agree:.3f} of positions < top1_min "
+                                               f"{pol.top1_min}")
+            else:
+                self.ref_next[var.key] = [self.reference_next(var, v) for v in range(len(var.reveals))]
+                hits = [o[0] == want for o, want in zip(outs, self.ref_next[var.key])]
+                for v, (o, hit) in enumerate(zip(outs, hits)):
+                    self.graded[(var.key, v, tuple(o))] = hit
+                    gate["prefill_check"].append({"metric": var.key, "variant": v, "token": o[0],
+                                                  "reference_token": self.ref_next[var.key][v], "pass": hit})
+                frac = float(np.mean(hits))
+                if frac < pol.top1_min:
+                    gate["pass"] = False
+                    gate["reasons"].append(f"{var.key}: the prefill path's next token matches the reference's argmax "
+                                           f"on {frac:.3f} of variants < top1_min {pol.top1_min}")
+        distinct = {k: len({tuple(o) for o in outs}) for k, outs in self.checked.items()}
+        gate["checked_distinct"] = distinct  # variants whose outputs coincide could be answered by a replay
         r["gate"] = gate
 
-    def greedy_agreement(self, w: Workload, toks: list[int]) -> float:
-        """Teacher-force the candidate's greedy tokens through the reference: fraction of argmax matches."""
+    def greedy_agreement(self, var: Variants, v: int, toks: list[int]) -> float:
+        """Teacher-force variant v's greedy tokens through the reference: fraction of argmax matches."""
         rnd = self.rnd
         geom = rnd.engine_target().geometry
-        seq = tuple(w.prompt_ids[: w.depth]) + tuple(toks[:-1])
-        pos = tuple(range(w.depth - 1, w.depth - 1 + len(toks)))
+        depth = var.workload.depth
+        seq = var.full_prompt(v) + tuple(toks[:-1])
+        pos = tuple(range(depth - 1, depth - 1 + len(toks)))
         seq = padded(seq, geom.n_ubatch, geom.n_ctx, tuple(self.prompt.token_ids))
         ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(seq, pos, geom))
         return float(np.mean(np.argmax(ref.logits, axis=-1) == np.asarray(toks)))
+
+    def reference_next(self, var: Variants, v: int) -> int:
+        """The reference's greedy next token after prefill variant v's whole prompt."""
+        rnd = self.rnd
+        geom = rnd.engine_target().geometry
+        seq = var.full_prompt(v)
+        last = len(seq) - 1
+        seq = padded(seq, geom.n_ubatch, geom.n_ctx, tuple(self.prompt.token_ids))
+        ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(seq, (last,), geom))
+        return int(np.argmax(ref.logits[0]))
+
+    def grade_output(self, var: Variants, v: int, out: list[int]) -> bool:
+        """An arm's output for variant v graded against the reference (cached per output): decode by
+        teacher-forced top-1 agreement >= top1_min, prefill by equality with the reference's next token."""
+        key = (var.key, v, tuple(out))
+        if key not in self.graded:
+            if var.workload.phase == "decode":
+                self.graded[key] = self.greedy_agreement(var, v, out) >= self.rnd.target.gate.top1_min
+            else:
+                self.graded[key] = out[0] == self.ref_next[var.key][v]
+        return self.graded[key]
 
 
 SHORT_UBATCH = 64  # llama.cpp takes a less precise KDA path for ubatches under 64 tokens (LLAMACPP.md)
@@ -241,8 +315,17 @@ def _wl(w: Workload) -> dict[str, Any]:
     return {"phase": w.phase, "depth": w.depth, "n_tokens": w.n_tokens, "prompt_ids": list(w.prompt_ids)}
 
 
+def implausible_arm(ceiling: dict[str, Any] | None, entry: dict[str, Any], arm: str) -> str | None:
+    """Why an arm's fastest timed rep of this metric is above the physical ceiling (None: it is not)."""
+    from ..ceiling import implausible
+
+    samples = [x for b in entry["arms"][arm]["blocks"] for x in b.get("samples_ns", [])]
+    return implausible(ceiling, entry["phase"], int(entry["n_tokens"]), samples)
+
+
 class SpeedStage:
-    """Warm-up, then randomized balanced blocks; each harness-clocked block is a fresh worker process."""
+    """Warm-up, then randomized balanced blocks; each harness-clocked block is a fresh worker process timed
+    by the parent's clock around the reveal handshake."""
 
     def __init__(self, rnd: "Round", gate: GateStage):
         self.rnd, self.gate = rnd, gate
@@ -254,61 +337,138 @@ class SpeedStage:
         self.sources = {"candidate": rnd.source, "main": rnd.main_source, "frontier": rnd.frontier_source}
         self.arms = ["reference", "candidate"] + [a for a in ("main", "frontier") if self.sources[a] is not None]
 
+    def arm_source(self, arm: str):
+        """The source tree a harness-clocked arm runs: the candidate's, or the round's `<arm>_source`
+        ("main", "frontier"): every such arm is launched, timed and checked the same way."""
+        return self.rnd.source if arm == "candidate" else getattr(self.rnd, f"{arm}_source")
+
     def run(self) -> None:
         rnd, t, r = self.rnd, self.rnd.target, self.rnd.receipt
         if self.blocks < 2:
             raise InputError(f"--blocks {self.blocks}: at least 2 blocks are needed for a paired CI")
-        workloads = self.gate.workloads()
+        variants = self.gate.variants
         schedule = balanced_schedule(self.arms, self.blocks, rnd.seed)
         metrics = []
-        for m, w in zip(t.metrics, workloads):
+        for m, var in zip(t.metrics, variants):
             slot = t.slot(t.candidate_engine, m)
             s = rnd.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt
             metrics.append({"phase": m.phase, "depth": m.depth, "n_tokens": m.n_tokens, "role": m.role,
                             "slot": slot, "frontier": s.value if s else 0.0,
                             "arms": {a: {"blocks": []} for a in self.arms}, "timed_output_ok": True})
+        ceiling = rnd.pre.ceiling
+        speed = {"schedule": schedule, "metrics": metrics, "blocks": self.blocks, "reps": self.reps,
+                 "warmup_reps": t.speed.warmup_reps, "clock": "parent-handshake", "n_variants": self.gate.n_variants,
+                 "handshake": None, "ceiling": ceiling}
+        rnd.report("step", message=f"handshake cost: the harness's null engine, {self.gate.n_variants} reps")
+        speed["handshake"] = self.null_handshake()
         rnd.report("step", message=f"warm-up: one discarded pass of {', '.join(self.arms)}")
         for arm in self.arms:
-            self.run_arm(arm, workloads, reps=1, block=None)
+            self.run_arm(arm, variants, reps=1, block=None)
         total = len(schedule) * len(self.arms)
         done = 0
         for b, order in enumerate(schedule):
             for arm in order:
                 rnd.report("progress", task="speed blocks", done=done, total=total, message=f"block {b}: {arm}")
-                for entry, rec in zip(metrics, self.run_arm(arm, workloads, self.reps, b)):
+                for entry, rec in zip(metrics, self.run_arm(arm, variants, self.reps, b)):
                     entry["arms"][arm]["blocks"].append(rec)
                 done += 1
         rnd.report("progress", task="speed blocks", done=total, total=total, message="done")
-        for entry in metrics:
-            key = f"decode@{entry['depth']}"
-            if entry["phase"] == "decode" and key in self.gate.greedy:
-                want = self.gate.greedy[key]
-                entry["timed_output_ok"] = all(ids == want for blk in entry["arms"]["candidate"]["blocks"]
-                                               for ids in blk["token_ids"])
-        r["speed"] = {"schedule": schedule, "metrics": metrics, "blocks": self.blocks, "reps": self.reps,
-                      "warmup_reps": t.speed.warmup_reps}
+        r["speed"] = speed  # measured: recorded before any check below can fail
         fs = rnd.history.scored_frontier
         if rnd.frontier_source is not None and fs is not None:
             r["speed"]["frontier_arm"] = {"commit": rnd.frontier_source.commit, "slot": fs.slot,
                                           "slot_value": fs.value, "round_id": fs.round_id}
+        self.check_outputs(metrics, variants)
+        for entry in metrics:
+            reasons = []
+            for arm in self.arms:
+                if arm == "reference":
+                    continue
+                why = implausible_arm(ceiling, entry, arm)
+                if why:
+                    entry["arms"][arm]["implausible"] = why
+                    reasons.append(f"{arm}: {why}")
+            entry["plausible"] = not reasons
 
-    def run_arm(self, arm: str, workloads: list[Workload], reps: int, block: int | None) -> list[dict[str, Any]]:
+    def check_outputs(self, metrics: list[dict[str, Any]], variants: list[Variants]) -> None:
+        """The candidate's timed outputs must equal the gate's checked output of each rep's variant. Another
+        harness-clocked arm (main, frontier: other commits, not graded by this round's gate) must give one
+        output per variant in every block, and that output must pass the reference the way the gate grades
+        the candidate's (teacher-forced top-1 for decode, the reference's next token for prefill; an output
+        equal to the candidate's already-graded one is not graded again)."""
+        for entry, var in zip(metrics, variants):
+            want = self.gate.checked[var.key]
+            for arm in self.arms:
+                if arm == "reference":
+                    continue
+                blocks = entry["arms"][arm]["blocks"]
+                if arm == "candidate":
+                    entry["timed_output_ok"] = all(ids == want[v] for b in blocks
+                                                   for v, ids in zip(b["variants"], b["token_ids"]))
+                    continue
+                seen: dict[int, set[tuple[int, ...]]] = {}
+                for b in blocks:
+                    for v, ids in zip(b["variants"], b["token_ids"]):
+                        seen.setdefault(v, set()).add(tuple(ids))
+                reasons = [f"variant {v} gave {len(outs)} different outputs across blocks"
+                           for v, outs in sorted(seen.items()) if len(outs) > 1]
+                graded = 0
+                for v, outs in sorted(seen.items()):
+                    if len(outs) != 1:
+                        continue
+                    out = list(next(iter(outs)))
+                    graded += out != want[v]
+                    if not self.gate.grade_output(var, v, out):
+                        reasons.append(f"variant {v}: the timed output fails the reference check")
+                entry["arms"][arm]["output_check"] = {"ok": not reasons, "reasons": reasons,
+                                                      "graded_by_reference": graded}
+
+    def null_handshake(self) -> dict[str, Any]:
+        """The harness's null engine through the same launch and handshake: what a rep costs with no work."""
+        from ..nullengine import NAME, expected_output
+
+        rnd = self.rnd
+        var = next((v for v in self.gate.variants if v.workload.phase == "decode"), self.gate.variants[0])
+        n = self.gate.n_variants
+        plan = SessionPlan([var.workload], [[(v, var.reveals[v]) for v in range(n)]], warmup=0)
+        empty = Path(rnd.opts.cache_dir) / "import-shims" / "null"  # no candidate code on its import path
+        empty.mkdir(parents=True, exist_ok=True)
+        body = self.gate.candidate_call("timed", {"harness_engine": "null", "workloads": [_wl(var.workload)],
+                                                  "reps": [n]},
+                                        session=lambda ch: run_session(ch, plan), root=empty)
+        reps = body["_session"][0]
+        bad = [x.variant for x in reps if x.token_ids != expected_output(var.workload, var.reveals[x.variant])]
+        if bad:
+            raise EngineError(f"the harness's null engine answered variants {bad} wrongly", "report this harness bug")
+        ns = sorted(x.ns for x in reps)
+        return {"engine": NAME, "metric": var.key, "reps": len(ns), "round_trip_ns": [x.ns for x in reps],
+                "median_ns": int(ns[len(ns) // 2]) if len(ns) % 2 else int((ns[len(ns) // 2 - 1] + ns[len(ns) // 2]) // 2),
+                "max_ns": int(ns[-1]), "wall_ns": body["_wall_ns"]}
+
+    def run_arm(self, arm: str, variants: list[Variants], reps: int, block: int | None) -> list[dict[str, Any]]:
         if arm == "reference":
-            return [self.reference_block(w, reps, block) for w in workloads]
-        source = self.sources[arm]
-        body = self.gate.candidate_call("timed", {"workloads": [_wl(w) for w in workloads], "reps": reps,
-                                                  "warmup": self.rnd.target.speed.warmup_reps}, source=source)
+            return [self.reference_block(v.workload, reps, block) for v in variants]
+        rnd = self.rnd
+        warmup = rnd.target.speed.warmup_reps
+        n = warmup + reps
+        orders = [block_order(rnd.seed, arm, block, v.key, len(v.reveals), n) for v in variants]
+        plan = SessionPlan([v.workload for v in variants],
+                           [[(i, v.reveals[i]) for i in order] for v, order in zip(variants, orders)], warmup)
+        body = self.gate.candidate_call("timed", {"workloads": [_wl(v.workload) for v in variants],
+                                                  "reps": [n] * len(variants)},
+                                        source=self.arm_source(arm), session=lambda ch: run_session(ch, plan))
         wall = int(body["_wall_ns"])
-        total = sum(x["ns"] for runs in body["runs"] for x in runs)
-        if total > wall:
-            raise EngineError(f"{arm} worker reported {total} ns of timed reps inside {wall} ns of wall clock",
-                              "the worker's harness clock disagrees with the parent's wall clock")
+        runs = body["_session"]
+        total = sum(x.ns for reps_ in runs for x in reps_)
+        if total > wall:  # both readings are the parent's: only a harness bug could break this
+            raise EngineError(f"{arm}: {total} ns of timed reps inside {wall} ns of launch wall clock",
+                              "report this harness bug")
         out = []
-        for runs in body["runs"]:
-            out.append({"block": block if block is not None else -1, "samples_ns": [x["ns"] for x in runs],
-                        "n_tokens": [x["n_tokens"] for x in runs], "token_ids": [x["token_ids"] for x in runs],
-                        "wall_ns": wall, "command": body["_command"],
-                        "clock": "harness"})
+        for var, reps_ in zip(variants, runs):
+            out.append({"block": block if block is not None else -1, "samples_ns": [x.ns for x in reps_],
+                        "n_tokens": [var.workload.n_tokens for _ in reps_], "token_ids": [x.token_ids for x in reps_],
+                        "variants": [x.variant for x in reps_], "worker_ns": [x.worker_ns for x in reps_],
+                        "wall_ns": wall, "command": body["_command"], "clock": "harness"})
         return out
 
     def reference_block(self, w: Workload, reps: int, block: int | None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Parent side of the fresh-process workers: spawn, bound by wall clock, read the result file."""
+"""Parent side of the fresh-process workers: spawn, bound by wall clock, hold the clock handshake, read the
+result file."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..engine import EngineTarget
 from ..errors import EngineError, TransientError
 from ..distributed import launch_command
+from ..handshake import ParentChannel, make_fifos
 from ..worker import pid_path, result_path, target_to_dict
 from .candidate import HARNESS_ROOT
 
@@ -29,6 +31,7 @@ class WorkerResult:
     body: dict[str, Any]
     wall_ns: int
     command: list[str]
+    session: Any = None  # what the parent's clock session returned (op "timed")
 
 
 def worker_env(import_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -49,38 +52,64 @@ def worker_command(world: int, request: Path, result: Path) -> list[str]:
 
 def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: str,
                payload: dict[str, Any], timeout_s: float, workdir: Path | None = None,
-               env: dict[str, str] | None = None) -> WorkerResult:
+               env: dict[str, str] | None = None, session: Callable[[ParentChannel], Any] | None = None
+               ) -> WorkerResult:
     """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
 
-    The wall clock bounds the whole launch. On timeout every process is stopped (the launcher's session,
-    then each rank by the pid it recorded) and none is left running.
+    With `session` (op "timed"): the clock handshake's two FIFOs are made in the launch's scratch directory
+    before the launch, and `session(channel)` runs here, in the parent, while the worker runs; its return
+    value is `WorkerResult.session`. The wall clock bounds the whole launch. On timeout every process is
+    stopped (the launcher's session, then each rank by the pid it recorded) and none is left running.
     """
     tmp = Path(tempfile.mkdtemp(prefix="sb-worker-", dir=workdir))
     req = {"engine": engine, "target": target_to_dict(target), "cache_dir": str(cache_dir), "op": op,
            "timeout_s": timeout_s, **payload}
     (tmp / "request.json").write_text(json.dumps(req))
     res = tmp / "result.json"
+    if session is not None:
+        make_fifos(tmp)
     cmd = worker_command(target.ranks, tmp / "request.json", res)
     log = tmp / "worker.log"
     t0 = time.perf_counter_ns()
-    proc = subprocess.Popen(cmd, env=worker_env(import_root, env), cwd=tmp, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        out = _stop(proc, res, target.ranks)
-        log.write_text(out)
-        raise EngineError(f"{engine} worker ({op}{_world(target)}) exceeded the {timeout_s:.0f} s timeout; "
-                          f"every process was stopped; log {log}",
-                          "raise speed.timeout_s in the target policy only if the workload is really that slow")
-    except BaseException:  # Ctrl-C: leave no rank behind
-        _stop(proc, res, target.ranks)
-        raise
-    finally:
-        _reap_ranks(res, target.ranks)
+    deadline = time.monotonic() + timeout_s
+    sess_value, sess_error = None, None
+    with open(log, "w") as log_file:  # the worker's output goes to a file: a full pipe never stalls a rep
+        proc = subprocess.Popen(cmd, env=worker_env(import_root, env), cwd=tmp, stdout=log_file,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            if session is not None:
+                chan = ParentChannel(tmp, lambda: proc.poll() is None, deadline)
+                try:
+                    sess_value = session(chan)
+                except EngineError as exc:  # the worker's own result (written as it exits) names the cause
+                    sess_error = exc
+                finally:
+                    chan.close()
+            if sess_error is not None:  # a broken session: a short grace to write its result, then stop it
+                try:
+                    proc.wait(timeout=min(5.0, max(deadline - time.monotonic(), 0.01)))
+                except subprocess.TimeoutExpired:
+                    _stop(proc, res, target.ranks)
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            _kill_group(proc)  # what the worker left running in its session (a background process) goes too
+        except (subprocess.TimeoutExpired, TimeoutError):
+            _stop(proc, res, target.ranks)
+            raise EngineError(f"{engine} worker ({op}{_world(target)}) exceeded the {timeout_s:.0f} s timeout; "
+                              f"every process was stopped; log {log}",
+                              "raise speed.timeout_s in the target policy only if the workload is really that slow")
+        except BaseException:  # Ctrl-C: leave no rank behind
+            _stop(proc, res, target.ranks)
+            raise
+        finally:
+            _reap_ranks(res, target.ranks)
     wall = time.perf_counter_ns() - t0
-    log.write_text(out)
+    out = log.read_text(errors="replace")
     body = _result(res, target.ranks, out)
+    if sess_error is not None and not any(x in sess_error.message for x in ("exited before it finished",
+                                                                           "the worker failed")):
+        # the parent saw the session break first (a forged or out-of-order message); what the worker says
+        # afterwards (a broken pipe) follows from it
+        raise EngineError(f"{engine} ({op}): {sess_error.message} (log {log})", sess_error.hint)
     if body is None:
         tail = out[-2000:]
         raise EngineError(f"{engine} worker ({op}{_world(target)}) crashed with exit {proc.returncode} and no result; "
@@ -91,7 +120,9 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
         where = f" on rank {body['rank']} of {target.ranks}" if target.ranks > 1 else ""
         raise cls(f"{engine} ({op}) failed{where}: {body.get('error')} (log {log})\n{detail[-1500:]}".rstrip(),
                   body.get("hint"))
-    return WorkerResult(body, wall, cmd)
+    if sess_error is not None:
+        raise EngineError(f"{sess_error.message} (log {log})", sess_error.hint)
+    return WorkerResult(body, wall, cmd, sess_value)
 
 
 def _world(target: EngineTarget) -> str:
@@ -183,7 +214,14 @@ def _reap_ranks(res: Path, world: int, grace_s: float = 5.0) -> None:
             return
 
 
-def _stop(proc: subprocess.Popen, res: Path, world: int, grace_s: float = 10.0) -> str:
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, res: Path, world: int, grace_s: float = 10.0) -> None:
     """SIGTERM the launcher's session (torchrun forwards it to its ranks), SIGKILL after `grace_s`."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
@@ -191,11 +229,8 @@ def _stop(proc: subprocess.Popen, res: Path, world: int, grace_s: float = 10.0) 
         except ProcessLookupError:
             pass
         try:
-            out, _ = proc.communicate(timeout=wait)
+            proc.wait(timeout=wait)
             break
         except subprocess.TimeoutExpired:
             continue
-    else:
-        out = ""
     _reap_ranks(res, world)
-    return out or ""

@@ -1,0 +1,90 @@
+"""The secret parts of the timed prompts: V variants per metric, derived from the round's secret seed.
+
+The round's seed is drawn with ``secrets.randbits`` (unless ``--seed`` is given) and is in no file a worker
+can read before the round seals it; the reveals below are a separate derivation of it (a domain-separated
+SHA-256, never the ``random`` stream that shuffles the prompt's paragraphs or the block schedule).
+
+* decode at depth d: variant v is the round prompt's first d-1 ids plus one token drawn uniformly from the
+  vocabulary's normal tokens, the V tokens distinct; begin() sees the d-1 ids, step() the drawn token.
+* prefill at depth d: variant v is the round prompt's first d ids plus n_tokens ids of corpus text in an
+  order of its own; begin() sees the d ids, step() the n_tokens.
+
+Every block's worker sees each of the V variants once (warm-up reps included), in an order of its own,
+so a process never meets a variant it already answered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from ..engine import Workload
+from ..weights.tokenizer import Tokenizer
+from .prompt import draw_prompt
+
+DOMAIN = "scoreboard/reveal/v1"
+
+
+def derived(seed: int, *parts: object) -> int:
+    text = ":".join([DOMAIN, str(seed), *map(str, parts)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+@dataclass(frozen=True)
+class Variants:
+    """A metric's variants: the workload begin() sees (shared by all) and each variant's revealed ids."""
+
+    key: str  # "decode@1024"
+    workload: Workload
+    reveals: tuple[tuple[int, ...], ...]
+
+    def full_prompt(self, v: int) -> tuple[int, ...]:
+        return tuple(self.workload.prompt_ids) + self.reveals[v]
+
+    def describe(self) -> dict:
+        """What the receipt records: the revealed ids of decode variants, a digest of prefill ones."""
+        out: dict = {"metric": self.key, "n_variants": len(self.reveals), "known_len": self.workload.known_len}
+        if self.workload.phase == "decode":
+            out["revealed"] = [list(r) for r in self.reveals]
+        else:
+            out["revealed_sha256"] = [hashlib.sha256(",".join(map(str, r)).encode()).hexdigest() for r in self.reveals]
+        return out
+
+
+def metric_variants(tok: Tokenizer, prompt_ids: tuple[int, ...], phase: str, depth: int, n_tokens: int,
+                    n_variants: int, seed: int) -> Variants:
+    key = f"{phase}@{depth}"
+    if phase == "decode":
+        if depth < 1:
+            raise ValueError(f"{key}: a decode metric needs depth >= 1")
+        normal = [i for i, t in enumerate(tok.token_types) if t == 1]
+        if len(normal) < n_variants:
+            raise ValueError(f"{len(normal)} normal tokens cannot give {n_variants} distinct decode variants")
+        rng = random.Random(derived(seed, key))
+        picks = rng.sample(normal, n_variants)
+        workload = Workload("decode", depth, n_tokens, tuple(prompt_ids[: depth - 1]))
+        return Variants(key, workload, tuple((int(t),) for t in picks))
+    workload = Workload("prefill", depth, n_tokens, tuple(prompt_ids[:depth]))
+    seen: set[tuple[int, ...]] = set()
+    reveals = []
+    for v in range(n_variants):
+        for attempt in range(100):
+            ids = draw_prompt(tok, n_tokens, derived(seed, key, v, attempt) & 0x7FFFFFFF).token_ids
+            if ids not in seen:
+                break
+        else:
+            raise ValueError(f"the corpus gives no {n_variants} distinct prompts of {n_tokens} tokens")
+        seen.add(ids)
+        reveals.append(tuple(int(x) for x in ids))
+    return Variants(key, workload, tuple(reveals))
+
+
+def block_order(seed: int, arm: str, block: int | None, key: str, n_variants: int, n_reps: int) -> list[int]:
+    """The variants a launch reveals for a metric, in order: a permutation of all V (the first the warm-up
+    reps), or its first n_reps when a launch runs fewer (the warm-up pass)."""
+    order = list(range(n_variants))
+    random.Random(derived(seed, "order", arm, block, key)).shuffle(order)
+    if n_reps > n_variants:
+        raise ValueError(f"{n_reps} reps in one launch, only {n_variants} variants")
+    return order[:n_reps]
