@@ -17,6 +17,7 @@ import pytest
 import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
+from calibration_fixtures import seed_calibration
 from receipt_factory import zero_slots
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
@@ -39,6 +40,7 @@ def lock(tmp_path: Path) -> Path:
     p = tmp_path / "reference.lock"
     p.write_text(tomlkit.dumps(doc))
     load_lock(p)
+    seed_calibration(tmp_path / "rounds")  # the target's committed calibration (speed policy is not part of it)
     return p
 
 

@@ -24,6 +24,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("pin", "pin"),
     ("weights", "weights"),
     ("fit", "fit"),
+    ("gate", "gate"),
 ]
 
 app = typer.Typer(

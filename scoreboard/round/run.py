@@ -44,6 +44,9 @@ class RoundOptions:
     update_frontier: bool = True
     allow_node_mismatch: bool = False
     gate_only: bool = False  # tests: stop after the gate (no speed, no verdict, nothing sealed)
+    # tests only (never an environment variable a candidate could set): False runs a target without a
+    # calibration; the receipt says so and moves no frontier
+    require_calibration: bool = True
 
 
 @dataclass
@@ -143,8 +146,10 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
             raise InputError(f"{name} {value}: must be at least {least}",
                              "paired confidence intervals need >= 2 blocks and >= 1 timed rep per block")
     lock = load_lock(opts.lock_path)
+    calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     rnd = Round(opts, lock, report)
     r = rnd.receipt
+    r["calibration"] = calibration
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     try:
         src = rnd.stage("candidate", lambda: cand_mod.resolve(opts.candidate, opts.cache_dir))
@@ -161,6 +166,16 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     except _Abort as ab:
         _mark_aborted(rnd, ab.stage, ab.exc)
     return _finish(rnd)
+
+
+def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:
+    """What the receipt says about the calibration the target's bars rely on (InputError when none holds)."""
+    from ..calibrate import check_calibration, skipped
+
+    lock.target(opts.target)
+    if not opts.require_calibration:
+        return skipped("RoundOptions.require_calibration is False (a test round): no calibration was checked")
+    return check_calibration(lock, opts.target, opts.rounds_dir)
 
 
 def _verdict(rnd: Round) -> None:
