@@ -44,7 +44,9 @@ CHAIN_NAME = "calibrations.jsonl"
 RECORDS_DIR = "calibrations"
 FORMAT_VERSION = "1.0"
 DEFAULT_SEEDS = 20
-SEEDS_PER_WORKER = 20  # seeds per candidate worker launch: weights loaded once (startup dominates on small models)
+# seeds per candidate worker launch (weights loaded once: start-up dominates on small models); each seed in
+# a launch gets the target's worker timeout (speed.timeout_s)
+SEEDS_PER_WORKER = 10
 PRECISION = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
 
 Report = Callable[..., None]
@@ -256,6 +258,13 @@ def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> Calibra
     # a round's seed is unpredictable (secrets.randbits(31)); the calibration samples the same space
     seeds = ([opts.first_seed + i for i in range(opts.seeds)] if opts.first_seed is not None
              else secrets.SystemRandom().sample(range(1 << 31), opts.seeds))
+    if opts.seal:  # whatever sealing needs is checked before anything is measured
+        load_private_key(None, _forbidden_roots(opts.rounds_dir))
+        read_chain(opts.rounds_dir)
+        opts.rounds_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(opts.rounds_dir, os.W_OK):
+            raise InputError(f"{opts.rounds_dir}: not writable; the calibration record could not be sealed there",
+                             "pass --out DIR of a writable rounds directory")
     t_start = time.perf_counter()
     created = utc_now()
     stage_seconds: dict[str, float] = {}
@@ -310,7 +319,8 @@ def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> Calibra
             report("progress", task="candidate workers", done=done, total=total,
                    message=f"{name}: seeds {', '.join(str(seeds[i]) for i in b)}")
             body = gate.candidate_call("logits", {"requests": [{"token_ids": list(rows[i][4]), "positions": rows[i][3]}
-                                                               for i in b]}, target=variant)
+                                                               for i in b]}, target=variant,
+                                       timeout_s=target.speed.timeout_s * len(b))
             identities.setdefault(name, body["identity"])
             out += [np.load(f["path"]) for f in body["logits"]]
             done += 1
@@ -358,8 +368,19 @@ def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> Calibra
     path = None
     if opts.seal:
         report("stage", name="seal")
-        path = write_record(record, opts.rounds_dir)
+        try:
+            path = write_record(record, opts.rounds_dir)
+        except Exception as exc:  # what was measured is never lost: the unsealed record is kept and named
+            keep = opts.cache_dir / "calibrations-unsealed" / f"{record['calibration_id']}.json"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            keep.write_bytes(file_bytes(record))
+            raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
+                             "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
     return CalibrationOutcome(record, path, problems)
+
+
+def _forbidden_roots(rounds_dir: str | os.PathLike[str]) -> list[Path]:
+    return [Path.cwd(), Path(rounds_dir).resolve().parent]
 
 
 def new_calibration_id(target: str, created_at: str) -> str:
@@ -469,7 +490,7 @@ def write_record(record: Mapping[str, Any], rounds_dir: str | os.PathLike[str],
     problems = record_problems(record)
     if problems:
         raise InputError("calibration record: " + "; ".join(problems))
-    roots = list(forbidden_roots) if forbidden_roots is not None else [Path.cwd(), Path(rounds_dir).resolve().parent]
+    roots = list(forbidden_roots) if forbidden_roots is not None else _forbidden_roots(rounds_dir)
     key = load_private_key(signing_key, roots)
     with ledger.exclusive(rounds_dir):
         lines = _read_lines(rounds_dir)

@@ -131,14 +131,15 @@ class GateStage:
         ids = self.prompt.token_ids
         return [Workload(m.phase, m.depth, m.n_tokens, ids[: m.depth + m.n_tokens]) for m in self.rnd.target.metrics]
 
-    def candidate_call(self, op: str, payload: dict[str, Any], source=None, target=None) -> dict[str, Any]:
+    def candidate_call(self, op: str, payload: dict[str, Any], source=None, target=None,
+                       timeout_s: float | None = None) -> dict[str, Any]:
         """One fresh worker of the candidate engine (`target`: the candidate's, unless a calibration
-        asks for a variant of it: another precision, an injected fault)."""
+        asks for a variant of it: another precision, an injected fault, several prompts in one launch)."""
         rnd = self.rnd
         source = source or rnd.source
         res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
                          target or rnd.candidate_target(), rnd.opts.cache_dir, op, payload,
-                         rnd.target.speed.timeout_s, env=rnd.device_env())
+                         timeout_s or rnd.target.speed.timeout_s, env=rnd.device_env())
         base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
         if base + [f"<{op}>"] not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(base + [f"<{op}>"])
