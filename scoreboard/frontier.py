@@ -108,6 +108,8 @@ def ineligible(receipt: Mapping[str, Any]) -> str | None:
         (not all(m["timed_output_ok"] for m in (receipt.get("speed") or {}).get("metrics", [])),
          "timed outputs did not match the checked run"),
         (not (receipt.get("weights") or {}).get("fully_pinned"), "weights are not fully pinned"),
+        ((receipt.get("calibration") or {}).get("status") == "skipped",
+         "the round ran without a calibration of the target's bars (a test round)"),
     ]
     return next((why for bad, why in checks if bad), None)
 

@@ -204,6 +204,12 @@ class GatePolicy(_Model):
     kl_p99_max: float = Field(gt=0)  # nats
     ratchet_ratio: float = Field(default=2.0, gt=1)  # reject when KL > ratio x main's sealed KL ...
     ratchet_floor: float = Field(default=0.0, ge=0)  # ... and KL above this absolute floor
+    # `scoreboard gate calibrate` must show the bars separated by this factor: a correct engine and the
+    # noise floor at most kl_max / margin on every seed, every known fault at least kl_max x margin
+    calibration_margin: float = Field(default=20.0, gt=1)
+    # the noise floor's second precision ("" = derived: float64 on cpu; on cuda float16, or float32 when
+    # the candidate itself computes in a 16-bit dtype)
+    noise_dtype: Literal["", "float64", "float32", "float16", "bfloat16"] = ""
 
     @model_validator(mode="after")
     def _bars(self) -> "GatePolicy":

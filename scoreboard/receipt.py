@@ -4,6 +4,8 @@ Format history (``format_version``, major.minor; docs/receipt-format.md is the r
   1.0 — first release: pins, environment, seed, gate per depth, raw per-rep speed samples,
         verdict, aborted, provenance, commands, stage timings, seal {sha256, prev_ledger_sha256,
         fields, algorithm, signature, public_key}.
+  1.1 — optional top-level ``calibration`` (the sealed calibration the gate bars relied on, or
+        ``skipped``); 1.0 receipts have none and stay valid.
 A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
@@ -23,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InputError
 
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"
 FORMAT_MAJOR = 1
 
 VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
@@ -175,6 +177,18 @@ class SealRec(_Closed):
     public_key: str | None = None
 
 
+class CalibrationRef(_Open):
+    """1.1: the sealed calibration (rounds/calibrations/<id>.json) whose measurements showed the target's bars
+    separated, or ``skipped`` for a test round run without one (such a round never moves a slot)."""
+
+    status: Literal["calibrated", "skipped"]
+    calibration_id: str = ""
+    record_sha256: str = ""  # sha256 of the record file's bytes
+    seal_sha256: str = ""
+    definition_sha256: str = ""  # the target definition it was made against
+    reason: str = ""  # skipped: why
+
+
 # the keys provenance may never use, anywhere in its tree (LESSONS 26)
 VERDICT_KEYS = frozenset(Verdict.model_fields) | {"verdict", "pass", "tier", "status", "seal"}
 
@@ -216,6 +230,7 @@ class Receipt(_Closed):
     commands: list[list[str]]
     stage_seconds: dict[str, float]
     provenance: dict[str, Any] = Field(default_factory=dict)
+    calibration: CalibrationRef | None = None  # 1.1: the calibration the gate bars relied on
     seal: SealRec | None = None
 
     @field_validator("format_version")

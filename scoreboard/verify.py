@@ -1,5 +1,6 @@
-"""`scoreboard verify` logic: every receipt's seal (and signature), the ledger chain, and every slot in
-reference.lock backed by the ledger and a sealed receipt with the same value. Reports, never prints."""
+"""`scoreboard verify` logic: every receipt's seal (and signature), the ledger chain, every slot in
+reference.lock backed by the ledger and a sealed receipt with the same value, and the calibration chain
+with its sealed records. Reports, never prints."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Report:
     receipts: int = 0
     ledger_lines: int = 0
     slots_checked: int = 0
+    calibrations: int = 0
     signatures: str = "embedded keys only (pass --public-key to require a trusted signer)"
     problems: list[Problem] = field(default_factory=list)
 
@@ -214,6 +216,16 @@ def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: 
                 ctx.add(lock_path, f"{f}.{k}", f"{getattr(slot, k)!r} but ledger line {n} / {rec.path} say {v!r}")
 
 
+def _check_calibrations(ctx: _Ctx, rounds: Path, trusted: Any, recs: dict[str, _Rec]) -> None:
+    """The calibration chain, every sealed record, and every receipt's reference to one."""
+    from .calibrate import verify_problems
+
+    n, problems = verify_problems(rounds, trusted, {rid: rec.data for rid, rec in recs.items()})
+    ctx.report.calibrations = n
+    for file, fld, msg in problems:
+        ctx.add(file, fld, msg)
+
+
 def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str | os.PathLike[str] = "rounds",
            public_key: str | os.PathLike[str] | None = None) -> Report:
     """Check everything; return a Report (the CLI turns problems into exit 2)."""
@@ -231,6 +243,7 @@ def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str
             ctx.add(lock_path, *_split(p))
     recs = _check_receipts(ctx, rounds, trusted)
     entries = _check_ledger(ctx, rounds, recs)
+    _check_calibrations(ctx, rounds, trusted, recs)
     if lock is not None:
         _check_slots(ctx, lock_path, rounds, lock, entries, recs)
     return report

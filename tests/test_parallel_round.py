@@ -313,8 +313,9 @@ def ep2_lock(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_sealed_round_of_the_two_rank_candidate(ep2_lock, tmp_path):
+    # geometry.n_threads = 1 is another target definition than the calibrated one: a test round without it
     out = run_round(RoundOptions(target=TARGET, lock_path=ep2_lock, rounds_dir=tmp_path / "rounds",
-                                 cache_dir=default_cache(), seed=5))
+                                 cache_dir=default_cache(), seed=5, require_calibration=False))
     r = out.receipt
     assert r["status"] == "verdict", r.get("aborted")
     assert r["gate"]["pass"], r["gate"]["reasons"]

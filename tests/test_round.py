@@ -17,6 +17,7 @@ import pytest
 import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
+from calibration_fixtures import seed_calibration
 from receipt_factory import zero_slots
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
@@ -39,6 +40,7 @@ def lock(tmp_path: Path) -> Path:
     p = tmp_path / "reference.lock"
     p.write_text(tomlkit.dumps(doc))
     load_lock(p)
+    seed_calibration(tmp_path / "rounds")  # the target's committed calibration (speed policy is not part of it)
     return p
 
 
@@ -134,7 +136,8 @@ def test_bad_target_is_an_error_with_no_receipt(lock, tmp_path):
 
     with pytest.raises(InputError, match="unknown target"):
         run_round(_opts(lock, tmp_path, target="k3-mini-cpx"))
-    assert not (tmp_path / "rounds").exists()
+    rounds = tmp_path / "rounds"  # holds only the seeded calibration
+    assert not list(rounds.glob("*.json")) and not (rounds / "ledger.jsonl").exists()
 
 
 def test_engine_that_cannot_load_aborts_with_a_complete_receipt(lock, tmp_path):
@@ -174,7 +177,7 @@ def test_interrupt_leaves_no_receipt_and_an_untouched_lock(lock, tmp_path):
     assert "== speed" in seen
     assert proc.returncode == 130, err[-2000:]
     assert "nothing was sealed" in err
-    assert not rounds.exists() or not list(rounds.iterdir())
+    assert not list(rounds.glob("*.json")) and not (rounds / "ledger.jsonl").exists()  # only the seeded calibration
     assert lock.read_bytes() == before
 
 
@@ -202,7 +205,8 @@ def test_bad_options_and_files_are_errors_with_nothing_written(lock, tmp_path):
 
     with pytest.raises(InputError, match="--blocks 1: must be at least 4"):
         run_round(_opts(lock, tmp_path, blocks=1))
-    assert not (tmp_path / "rounds").exists()
+    rounds = tmp_path / "rounds"  # holds only the seeded calibration
+    assert not list(rounds.glob("*.json")) and not (rounds / "ledger.jsonl").exists()
     bad = tmp_path / "broken.json"
     bad.write_text('{"format_version": "1.0", "round_id": ')
     out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(bad)],

@@ -58,7 +58,7 @@ from .graph import StaticDecoder
 from .model import CACHE_DTYPE, K3Cache, K3Model
 from .weights import load_weights
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _REPO = Path(__file__).resolve().parents[2]
 _WEIGHTS: OrderedDict[tuple, Any] = OrderedDict()  # loaded weight sets, keyed by files + device + dtype
 _WEIGHTS_MAX = 2

@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("fit", "fit"),
     ("report", "report"),
     ("reference", "reference"),
+    ("gate", "gate"),
 ]
 
 EXIT_CODES = """Exit codes (every command): 0 ok; 1 error or refused input (nothing written); 2 a verdict-level

@@ -210,6 +210,12 @@ def render(r: dict[str, Any], drift: list[str] | None = None) -> None:
     console.print(f"[bold]round[/] {r['round_id']}  target [bold]{r['target']}[/]  seed {r['seed']}  "
                   f"candidate {r['candidate']['label']} {r['candidate']['commit'][:12]}"
                   f"{' (dirty)' if r['candidate'].get('dirty') else ''}")
+    cal = r.get("calibration") or {}
+    if cal.get("status") == "calibrated":
+        console.print(f"bars calibrated by {cal['calibration_id']} ({cal.get('seeds')} seeds, margin "
+                      f"{cal.get('margin'):g})", highlight=False)
+    elif cal.get("status") == "skipped":
+        console.print(f"[yellow]no calibration checked[/]: {cal.get('reason', '')} (moves no slot)", highlight=False)
     if r["status"] == "aborted":
         ab = r["aborted"]
         console.print(f"[bold red]ABORTED[/] at {ab['stage']}{' (transient)' if ab['transient'] else ''}: "

@@ -26,7 +26,8 @@ def command(
         print_json(report.as_dict())
     else:
         console.print(f"checked {report.receipts} receipt(s), {report.ledger_lines} ledger line(s), "
-                      f"{report.slots_checked} slot(s) in {report.lock}; signatures: {report.signatures}",
+                      f"{report.slots_checked} slot(s) in {report.lock}, {report.calibrations} calibration(s); "
+                      f"signatures: {report.signatures}",
                       highlight=False)
         if report.problems:
             table = Table("file", "field", "problem", title="verify: problems found", show_lines=False)

@@ -59,6 +59,10 @@ class RoundOptions:
     # Any transport must deliver exactly the pinned tree.
     reference_source: str | None = None
 
+    # tests only (never an environment variable a candidate could set): False runs a target without a
+    # calibration; the receipt says so and moves no frontier
+    require_calibration: bool = True
+
 
 class UnsealedReceipt(ScoreboardError):
     """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record)."""
@@ -194,6 +198,7 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     what the round observes once it has started becomes a sealed receipt (docs/receipt-format.md)."""
     lock = load_lock(opts.lock_path)
     check_inputs(opts, lock)
+    calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     # Resolving the candidate reads only the user's spec and the harness's own git repo: a typo here
     # (a commit or branch that does not exist, a directory that is no checkout) is an input error, never
@@ -205,6 +210,7 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
     rnd = Round(opts, lock, report)
     r = rnd.receipt
+    r["calibration"] = calibration
     rnd.history = history
     rnd.source, rnd.main_source = src, main_src
     rnd.frontier_source = _frontier_source(rnd) if src.is_main else None
@@ -298,6 +304,16 @@ def _frontier_source(rnd: Round) -> cand_mod.CandidateSource | None:
             f"fetch it (`git fetch origin {fs.commit}`, or `git fetch --unshallow` in a shallow clone); if main's "
             "history was rewritten and the commit is gone, lower the frontier deliberately with "
             "`scoreboard frontier lower` from a sealed receipt of today's main") from None
+
+
+def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:
+    """What the receipt says about the calibration the target's bars rely on (InputError when none holds)."""
+    from ..calibrate import check_calibration, skipped
+
+    lock.target(opts.target)
+    if not opts.require_calibration:
+        return skipped("RoundOptions.require_calibration is False (a test round): no calibration was checked")
+    return check_calibration(lock, opts.target, opts.rounds_dir)
 
 
 def _verdict(rnd: Round) -> None:

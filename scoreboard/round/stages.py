@@ -116,8 +116,9 @@ class GateStage:
         need = max([max(t.gate.depths)] + [m.depth + m.n_tokens for m in t.metrics])
         from ..weights.tokenizer import Tokenizer
 
-        tok = Tokenizer.from_gguf(rnd.pre.shards[0])
-        self.prompt: Prompt = draw_prompt(tok, need, rnd.seed)
+        tok = self.tokenizer = Tokenizer.from_gguf(rnd.pre.shards[0])
+        self.need = need
+        self.prompt: Prompt = self.draw(rnd.seed)
         # V secret variants per metric: every timed launch reveals each once (warm-up reps included)
         self.n_variants = t.speed.warmup_reps + (rnd.opts.reps or t.speed.reps)
         try:
@@ -132,13 +133,42 @@ class GateStage:
         self.ref_next: dict[str, list[int]] = {}  # prefill metric -> the reference's next token per variant
         self.graded: dict[tuple[str, int, tuple[int, ...]], bool] = {}  # (metric, variant, output) -> vs reference
 
+    def draw(self, seed: int) -> Prompt:
+        """The gate's prompt for a seed: the round draws one; a calibration draws one per seed."""
+        return draw_prompt(self.tokenizer, self.need, seed)
+
+    def rows(self, prompt: Prompt) -> tuple[dict[int, list[int]], list[int], tuple[int, ...]]:
+        """(gate positions per depth, every position sorted, the token ids both engines get) for a prompt."""
+        pol = self.rnd.target.gate
+        per_depth = {d: gate_positions(d, pol.rows_per_depth) for d in pol.depths}
+        positions = sorted({p for ps in per_depth.values() for p in ps})
+        geom = self.rnd.engine_target().geometry
+        ids = padded(prompt.token_ids[: max(pol.depths)], geom.n_ubatch, geom.n_ctx, prompt.token_ids)
+        return per_depth, positions, ids
+
+    def grade(self, per_depth: dict[int, list[int]], positions: list[int], ref: np.ndarray, cand: np.ndarray,
+              baselines: dict[int, float] | None = None) -> GateResult:
+        """Every gate depth's rows graded against the bars (and the ratchet, when baselines are given)."""
+        if cand.shape != ref.shape:
+            raise EngineError(f"candidate logits have shape {cand.shape}, reference {ref.shape}",
+                              "the candidate must return one row per requested position over the full vocabulary")
+        row = {p: i for i, p in enumerate(positions)}
+        pol = self.rnd.target.gate
+        depths = []
+        for d, ps in per_depth.items():
+            sel = [row[p] for p in ps]
+            depths.append(grade_depth(d, ps, ref[sel], cand[sel], pol, (baselines or {}).get(d)))
+        return GateResult(depths)
+
     def candidate_call(self, op: str, payload: dict[str, Any], source=None, session=None,
-                       root: Path | None = None) -> dict[str, Any]:
+                       root: Path | None = None, target=None, timeout_s: float | None = None) -> dict[str, Any]:
+        """One fresh worker of the candidate engine (`target`: the candidate's, unless a calibration
+        asks for a variant of it: another precision, an injected fault, several prompts in one launch)."""
         rnd = self.rnd
         source = source or rnd.source
         res = run_worker(rnd.target.candidate_engine, root or import_root(source, rnd.opts.cache_dir),
-                         rnd.candidate_target(), rnd.opts.cache_dir, op, payload, rnd.target.speed.timeout_s,
-                         env=rnd.device_env(), session=session)
+                         target or rnd.candidate_target(), rnd.opts.cache_dir, op, payload,
+                         timeout_s or rnd.target.speed.timeout_s, env=rnd.device_env(), session=session)
         base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
         if base + [f"<{op}>"] not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(base + [f"<{op}>"])
@@ -182,10 +212,8 @@ class GateStage:
     def run(self) -> None:
         rnd, t, r = self.rnd, self.rnd.target, self.rnd.receipt
         pol = t.gate
-        per_depth = {d: gate_positions(d, pol.rows_per_depth) for d in pol.depths}
-        positions = sorted({p for ps in per_depth.values() for p in ps})
+        per_depth, positions, ids = self.rows(self.prompt)
         geom = rnd.engine_target().geometry
-        ids = padded(self.prompt.token_ids[: max(pol.depths)], geom.n_ubatch, geom.n_ctx, self.prompt.token_ids)
         rnd.report("step", message=f"reference logits: {len(positions)} rows at depths {list(pol.depths)}")
         ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(ids, tuple(positions), geom))
         if ref.command:
@@ -200,18 +228,10 @@ class GateStage:
         if rnd.main_source is not None:
             r["main"] = _side(rnd, rnd.main_source, {})
         cand = np.load(body["logits"][0]["path"])
-        if cand.shape != ref.logits.shape:
-            raise EngineError(f"candidate logits have shape {cand.shape}, reference {ref.logits.shape}",
-                              "the candidate must return one row per requested position over the full vocabulary")
-        row = {p: i for i, p in enumerate(positions)}
         # the ratchet basis was read and seal-checked at preflight, before this candidate's process ran
         # (which may have hidden or rewritten rounds/ since): never re-read here
         baselines = rnd.history.ratchet_baselines()
-        depths = []
-        for d, ps in per_depth.items():
-            sel = [row[p] for p in ps]
-            depths.append(grade_depth(d, ps, ref.logits[sel], cand[sel], pol, baselines.get(d)))
-        result = GateResult(depths)
+        result = self.grade(per_depth, positions, ref.logits, cand, baselines)
         gate = result.as_dict()
         gate["prompt"] = self.prompt.describe()
         gate["ratchet_round"] = rnd.history.ratchet.round_id if rnd.history.ratchet else None

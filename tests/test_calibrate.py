@@ -1,0 +1,235 @@
+"""`scoreboard gate calibrate`: sealed calibration records, and `round run` relying on (or refusing) them.
+
+The unit tests write synthetic records through the real writer (seal + hash chain) into a temporary rounds/
+and run the real `run_round` entry, which refuses before any engine runs. The slow test runs the real
+command on k3-mini-cpu (pinned llama.cpp, sparkinfer in fresh workers) with 2 seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from engines.sparkinfer.faults import GATE_FAULTS
+from receipt_factory import lock_with_test_target, make_receipt, zero_slots
+from scoreboard import frontier
+from scoreboard.calibrate import (
+    CalibrationOptions, chain_path, check_calibration, definition, definition_sha256, latest_calibration,
+    new_calibration_id, record_path, run_calibration, separation_problems, summary, write_record,
+)
+from scoreboard.errors import InputError, NonCompliant
+from scoreboard.lockfile import load_lock
+from scoreboard.receipt import utc_now
+from scoreboard.records import record_round
+from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.verify import verify
+from scoreboard.weights.verify import default_cache
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "k3-mini-cpu"
+
+
+@pytest.fixture
+def lock(tmp_path: Path) -> Path:
+    doc = tomlkit.parse((REPO / "reference.lock").read_text())
+    zero_slots(doc)  # a fresh history
+    t = doc["targets"][TARGET]
+    t["speed"]["blocks"] = 2
+    t["speed"]["reps"] = 1
+    p = tmp_path / "reference.lock"
+    p.write_text(tomlkit.dumps(doc))
+    load_lock(p)
+    return p
+
+
+def synthetic(lock_path: Path, target: str = TARGET, correct: float = 1e-9, noise: float = 2e-9, fault: float = 1.0,
+              fault_kl: dict[str, float] | None = None, seeds: tuple[int, ...] = (1, 2)) -> dict:
+    """A calibration record with chosen numbers, against the lock's current definition of the target."""
+    lk = load_lock(lock_path)
+    t = lk.target(target)
+    defn = definition(lk, target)
+
+    def arm(kl: float, top1: float) -> list[dict]:
+        return [{"depth": d, "rows": t.gate.rows_per_depth, "kl_mean": kl, "kl_p99": 3 * kl, "kl_max": 5 * kl,
+                 "top1": top1} for d in t.gate.depths]
+
+    created = utc_now()
+    rec = {"kind": "calibration", "format_version": "1.0", "calibration_id": new_calibration_id(target, created),
+           "created_at": created, "target": target, "definition": defn, "definition_sha256": definition_sha256(defn),
+           "policy": {"margin": t.gate.calibration_margin, "kl_max": t.gate.kl_max}, "seeds": list(seeds),
+           "candidate": {"engine": "sparkinfer", "label": "synthetic"}, "reference": {"engine": "llamacpp"},
+           "noise_floor": {"precise": "float64", "coarse": "float32"}, "faults": list(GATE_FAULTS),
+           "runs": [{"seed": s, "prompt": {}, "correct": arm(correct, 1.0), "noise_floor": arm(noise, 1.0),
+                     "faults": {f: arm((fault_kl or {}).get(f, fault), 0.2) for f in GATE_FAULTS}} for s in seeds]}
+    rec["summary"] = summary(rec)
+    problems = separation_problems(rec, t.gate)
+    rec["separation"] = {"separated": not problems, "problems": problems}
+    return rec
+
+
+def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
+    base = dict(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds", cache_dir=tmp_path / "cache", seed=3)
+    base.update(kw)
+    return RoundOptions(**base)
+
+
+def _refusal(lock: Path, tmp_path: Path) -> InputError:
+    with pytest.raises(InputError) as info:
+        run_round(_opts(lock, tmp_path))
+    rounds = tmp_path / "rounds"
+    assert not list(rounds.glob("*.json")) and not (rounds / "ledger.jsonl").exists()  # nothing written
+    assert not (tmp_path / "cache").exists()  # refused before any engine (or its cache) was touched
+    assert f"scoreboard gate calibrate {TARGET}" in (info.value.hint or "")
+    return info.value
+
+
+# ----------------------------------------------------------------------------------------------
+# round run refuses
+
+def test_round_refuses_a_target_without_calibration(lock, tmp_path):
+    exc = _refusal(lock, tmp_path)
+    assert "no calibration" in exc.message and TARGET in exc.message
+
+
+def test_round_refuses_a_target_whose_bars_changed_since_calibration(lock, tmp_path):
+    write_record(synthetic(lock), tmp_path / "rounds")
+    check_calibration(load_lock(lock), TARGET, tmp_path / "rounds")  # as calibrated: accepted
+    doc = tomlkit.parse(lock.read_text())
+    doc["targets"][TARGET]["gate"]["kl_max"] = 0.002
+    lock.write_text(tomlkit.dumps(doc))
+    exc = _refusal(lock, tmp_path)
+    assert "different definition" in exc.message
+    assert "gate.kl_max: 0.001 -> 0.002" in exc.message
+
+
+def test_round_refuses_a_changed_weights_pin(lock, tmp_path):
+    write_record(synthetic(lock), tmp_path / "rounds")
+    doc = tomlkit.parse(lock.read_text())
+    doc["weights"]["k3-mini"]["files"][0]["sha256"] = "0" * 64
+    lock.write_text(tomlkit.dumps(doc))
+    exc = _refusal(lock, tmp_path)
+    assert "weights.files" in exc.message and "sha256" in exc.message
+
+
+def test_round_refuses_a_calibration_whose_fault_kl_is_below_the_margin(lock, tmp_path):
+    # mla_as_mqa at 0.01 nats: above kl_max (the gate rejects it) but not kl_max x 20 = 0.02
+    write_record(synthetic(lock, fault_kl={"mla_as_mqa": 0.01}), tmp_path / "rounds")
+    exc = _refusal(lock, tmp_path)
+    assert "does not separate the gate bars with margin 20" in exc.message
+    assert "fault mla_as_mqa" in exc.message and "kl_max x margin" in exc.message
+    assert "(2x short)" in exc.message
+    assert "experts_hidden_width" not in exc.message  # only the bar that fails is named
+
+
+def test_round_refuses_a_noise_floor_above_the_bar_over_margin(lock, tmp_path):
+    write_record(synthetic(lock, noise=1e-4), tmp_path / "rounds")  # kl_max / 20 = 5e-5
+    exc = _refusal(lock, tmp_path)
+    assert "noise floor (candidate float64 vs float32): KL mean 0.0001" in exc.message
+    assert "kl_max / margin" in exc.message and "(2x over)" in exc.message
+
+
+def test_the_latest_calibration_counts_not_an_older_good_one(lock, tmp_path):
+    rounds = tmp_path / "rounds"
+    write_record(synthetic(lock), rounds)
+    write_record(synthetic(lock, correct=1e-3), rounds)
+    exc = _refusal(lock, tmp_path)
+    assert "correct engine (reference vs candidate): KL mean 0.001" in exc.message
+
+
+def test_a_hand_edited_record_is_refused_and_fails_verify(lock, tmp_path):
+    """The attack: make a non-separating calibration read as separating by editing its numbers."""
+    rounds = tmp_path / "rounds"
+    path = write_record(synthetic(lock, fault_kl={"mla_as_mqa": 0.005}), rounds)
+    assert verify(lock, rounds).ok
+    data = json.loads(path.read_bytes())
+    for run in data["runs"]:
+        for d in run["faults"]["mla_as_mqa"]:
+            d["kl_mean"] = 0.5
+    data["separation"] = {"separated": True, "problems": []}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    with pytest.raises(NonCompliant) as info:
+        run_round(_opts(lock, tmp_path))
+    assert str(path) in info.value.message and "edited after sealing" in info.value.message
+    report = verify(lock, rounds)
+    fields = {(Path(p.file).name, p.field) for p in report.problems}
+    assert (path.name, "runs") in fields and (path.name, "separation.separated") in fields
+    assert any(p.field == "record_sha256" for p in report.problems)
+
+
+def test_verify_finds_a_deleted_chain_line_and_a_receipt_naming_an_unknown_calibration(tmp_path):
+    lock = lock_with_test_target(tmp_path)
+    rounds = tmp_path / "rounds"
+    rec = synthetic(lock, target="rcpt-test")
+    write_record(rec, rounds)
+    receipt = make_receipt(candidate_tps=50.0, round_hex="0000000a", created_at="2026-11-29T10:00:00Z")
+    good = check_calibration(load_lock(lock), "rcpt-test", rounds)
+    record_round({**receipt, "calibration": good}, rounds, lock)
+    assert verify(lock, rounds).ok
+    forged = {**good, "calibration_id": "cal-20261129T000000Z-rcpt-test-deadbeef"}
+    record_round({**make_receipt(candidate_tps=51.0, round_hex="0000000b", created_at="2026-11-29T11:00:00Z",
+                                 is_main=False, label="L"), "calibration": forged}, rounds, lock)
+    problems = verify(lock, rounds).problems
+    assert [p.field for p in problems] == ["calibration.calibration_id"], problems
+    chain_path(rounds).write_text("")  # the line is gone, its record stays
+    problems = verify(lock, rounds).problems
+    assert any(Path(p.file).name == f"{rec['calibration_id']}.json" and "no line" in p.message for p in problems)
+
+
+def test_a_round_without_calibration_says_so_and_moves_no_frontier():
+    r = make_receipt(candidate_tps=50.0, round_hex="0000000a", created_at="2026-11-29T10:00:00Z")
+    assert frontier.ineligible(r) is None
+    r["calibration"] = {"status": "skipped", "reason": "test"}
+    assert "without a calibration" in frontier.ineligible(r)
+
+
+def test_round_options_skip_is_recorded_in_the_receipt(lock, tmp_path):
+    """require_calibration=False gets past the check; the receipt (aborted here: no such candidate) says skipped."""
+    out = run_round(_opts(lock, tmp_path, require_calibration=False, seal=False, candidate=str(tmp_path / "nope")))
+    assert out.receipt["status"] == "aborted" and out.receipt["aborted"]["stage"] == "candidate"
+    assert out.receipt["calibration"]["status"] == "skipped"
+
+
+# ----------------------------------------------------------------------------------------------
+# the real command
+
+@pytest.mark.slow
+def test_calibrate_k3_mini_cpu_with_two_seeds_seals_a_record_a_round_relies_on(lock, tmp_path):
+    rounds = tmp_path / "rounds"
+    events: list[tuple[str, dict]] = []
+    out = run_calibration(CalibrationOptions(target=TARGET, lock_path=lock, seeds=2, first_seed=40, rounds_dir=rounds,
+                                             cache_dir=default_cache()), lambda e, **kw: events.append((e, kw)))
+    rec = out.record
+    assert out.separated, rec["separation"]["problems"]
+    assert rec["seeds"] == [40, 41] and [r["seed"] for r in rec["runs"]] == [40, 41]
+    assert rec["definition_sha256"] == definition_sha256(definition(load_lock(lock), TARGET))
+    assert rec["noise_floor"]["precise"] == "float64" and rec["noise_floor"]["coarse"] == "float32"
+    assert sorted(rec["faults"]) == sorted(GATE_FAULTS)
+    assert any(e == "progress" and kw["task"] == "candidate workers" for e, kw in events)
+    s = rec["summary"]
+    worst = max(x["kl_mean_worst"] for x in s["correct"]["depths"].values())
+    assert worst < 1e-6  # the correct engine agrees with llama.cpp F32
+    assert min(s[f"fault:{f}"]["seed_worst_depth_kl_mean"]["best"] for f in GATE_FAULTS) > 0.02
+    assert out.path == record_path(rounds, rec["calibration_id"]) and out.path.exists()
+    assert verify(lock, rounds).ok
+    got, line = latest_calibration(rounds, TARGET)
+    assert got["calibration_id"] == rec["calibration_id"] and line.separated
+    # a round relies on it and names it
+    r = run_round(_opts(lock, tmp_path, cache_dir=default_cache(), seal=False, gate_only=True)).receipt
+    assert r["calibration"]["status"] == "calibrated"
+    assert r["calibration"]["calibration_id"] == rec["calibration_id"]
+    assert r["calibration"]["record_sha256"] == line.record_sha256
+    assert r["gate"]["pass"]
+
+
+def test_cli_refuses_bad_seeds_before_anything_runs(lock, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "gate", "calibrate", TARGET, "--seeds", "0",
+                           "--lock", str(lock), "--out", str(tmp_path / "rounds")], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    assert "--seeds 0" in proc.stderr
+    assert not (tmp_path / "rounds").exists()
