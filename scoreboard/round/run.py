@@ -19,6 +19,7 @@ from ..errors import InputError, ScoreboardError, TransientError
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
+from . import sandbox
 from .stages import GateStage, PreflightResult, SpeedStage, preflight
 
 Report = Callable[..., None]
@@ -44,6 +45,10 @@ class RoundOptions:
     update_frontier: bool = True
     allow_node_mismatch: bool = False
     gate_only: bool = False  # tests: stop after the gate (no speed, no verdict, nothing sealed)
+    # "bwrap" (candidate workers sandboxed) or "none": an explicit opt-out for tests that cannot run under the
+    # sandbox; never read from the environment (a candidate could set that); its receipts move no frontier
+    isolation: str = "bwrap"
+    repo: Path = cand_mod.HARNESS_ROOT  # the git repository whose commits are main and the candidates
 
 
 @dataclass
@@ -144,12 +149,23 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
                              "paired confidence intervals need >= 2 blocks and >= 1 timed rep per block")
     lock = load_lock(opts.lock_path)
     rnd = Round(opts, lock, report)
-    r = rnd.receipt
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
+    # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
+    rnd.scratch = sandbox.new_scratch_root()
     try:
-        src = rnd.stage("candidate", lambda: cand_mod.resolve(opts.candidate, opts.cache_dir))
+        return _run(rnd, opts)
+    finally:
+        sandbox.remove_tree(rnd.scratch)
+
+
+def _run(rnd: Round, opts: RoundOptions) -> RoundOutcome:
+    r = rnd.receipt
+    branch = rnd.lock.main_branch
+    try:
+        src = rnd.stage("candidate", lambda: cand_mod.resolve(opts.candidate, rnd.scratch, opts.repo, branch))
         rnd.source = src
-        rnd.main_source = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
+        rnd.main_source = None if src.is_main else rnd.stage(
+            "candidate", lambda: cand_mod.resolve_main_arm(rnd.scratch, opts.repo, branch))
         rnd.pre = rnd.stage("preflight", lambda: preflight(rnd))
         gate = GateStage(rnd)
         rnd.stage("gate", gate.run)

@@ -44,6 +44,7 @@ def preflight(rnd: "Round") -> PreflightResult:
                       "reference_split_mode": par.reference_split_mode,
                       "visible_devices": rnd.device_env().get("CUDA_VISIBLE_DEVICES", "")}
     r["environment"] = fp
+    fp["isolation"] = isolation_record(rnd)  # refuses a missing/broken sandbox before any engine runs
     bad = environment.node_mismatches(fp, lock.nodes[t.node])
     if bad and not rnd.opts.allow_node_mismatch:
         raise InputError(f"this box is not of node class {t.node!r} that target {rnd.target_id!r} is measured on:\n  "
@@ -67,6 +68,21 @@ def preflight(rnd: "Round") -> PreflightResult:
     rnd.pre.ref_prepared = ref_prepared
     r["reference"] = {"engine": t.reference_engine, "identity": ref_prepared.identity.as_dict()}
     return rnd.pre
+
+
+def isolation_record(rnd: "Round") -> dict[str, Any]:
+    """environment.isolation: the sandbox the candidate's workers run in (sandbox.check) and where each arm's
+    code comes from (a git arm: a clean export of its commit; a path: a development tree)."""
+    from .sandbox import check
+
+    rec = check(rnd.opts.isolation)
+    arms = {"candidate": rnd.source}
+    if rnd.main_source is not None:
+        arms["main"] = rnd.main_source
+    rec["arms"] = {name: {"kind": s.kind, "commit": s.commit, "engines_tree": s.engines_tree,
+                          "source": "git archive export" if s.kind == "git" else "development tree"}
+                   for name, s in arms.items()}
+    return rec
 
 
 def _weights(rnd: "Round", weights_id: str) -> list[Path]:
@@ -108,7 +124,7 @@ class GateStage:
         source = source or rnd.source
         res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
                          rnd.candidate_target(), rnd.opts.cache_dir, op, payload, rnd.target.speed.timeout_s,
-                         env=rnd.device_env())
+                         workdir=rnd.scratch, env=rnd.device_env(), isolation=rnd.opts.isolation)
         base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
         if base + [f"<{op}>"] not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(base + [f"<{op}>"])

@@ -39,6 +39,7 @@ def worker_env(import_root: Path, extra: dict[str, str] | None = None) -> dict[s
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(import_root), str(HARNESS_ROOT)])
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into an arm's export (it is re-hashed before each use)
     return env
 
 
