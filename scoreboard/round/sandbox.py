@@ -196,6 +196,9 @@ def launch(inner: list[str], *, mode: str, engines_dir: Path, harness_pkg: Path,
         ro(dest.resolve(), dest)
     args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     binds.append({"src": str(scratch), "dest": str(scratch), "mode": "rw"})
+    # the sandbox's own root (where bwrap made the mount points) read-only too: only /tmp, the cache tmpfs and
+    # the scratch dir take writes
+    args += ["--remount-ro", "/"]
     wenv = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
             "PYTHONPATH": f"{ARM}:{HARNESS}", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONNOUSERSITE": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
