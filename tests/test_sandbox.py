@@ -341,4 +341,7 @@ def test_the_real_engine_through_the_sandbox_passes_the_gate(tmp_path, private_t
     iso = r["environment"]["isolation"]
     assert iso["tool"] == "bwrap" and iso["arms"]["candidate"]["source"] == "git archive export"
     assert iso["arms"]["candidate"]["engines_tree"] == git(REPO, "rev-parse", "HEAD:engines")
+    binds = {b["dest"]: b for b in iso["binds"]}
+    assert binds["/sb/harness/scoreboard"]["src"] == str(HARNESS_ROOT / "scoreboard")
+    assert binds["/sb/arm/engines"]["mode"] == "ro" and not any(b["dest"] == "/" for b in iso["binds"])
     assert list(private_tmp.iterdir()) == []  # the round's scratch (exports, launches) is gone

@@ -66,12 +66,18 @@ def _dirty(root: Path) -> bool:
     return bool(dirty_paths(root))
 
 
-def on_branch(commit: str, branch: str, repo: Path) -> bool:
-    """Whether `commit` is reachable from refs/heads/<branch> (is on the branch)."""
+def branch_ref(branch: str, repo: Path) -> str:
+    """refs/heads/<branch>, which must exist in `repo`."""
     ref = f"refs/heads/{branch}"
     if subprocess.run(["git", "rev-parse", "--verify", "--quiet", ref], cwd=repo, capture_output=True).returncode:
         raise InputError(f"the lock's main_branch {branch!r}: {repo} has no {ref}",
                          f"fetch the branch (git fetch origin {branch}:{branch}) or fix main_branch in the lock")
+    return ref
+
+
+def on_branch(commit: str, branch: str, repo: Path) -> bool:
+    """Whether `commit` is reachable from refs/heads/<branch> (is on the branch)."""
+    ref = branch_ref(branch, repo)
     return subprocess.run(["git", "merge-base", "--is-ancestor", commit, ref], cwd=repo,
                           capture_output=True).returncode == 0
 
@@ -112,8 +118,7 @@ def resolve(spec: str, scratch: Path, repo: Path = HARNESS_ROOT, main_branch: st
 def resolve_main_arm(scratch: Path, repo: Path = HARNESS_ROOT, main_branch: str = "main") -> CandidateSource:
     """A PR round's main arm: the tip of refs/heads/<main_branch>, exported like any git arm (never the
     checkout, which the candidate's own processes could have written)."""
-    on_branch("HEAD", main_branch, repo)  # refuses a missing branch with the fix
-    commit = _git(["rev-parse", "--verify", f"refs/heads/{main_branch}^{{commit}}"], repo)
+    commit = _git(["rev-parse", "--verify", f"{branch_ref(main_branch, repo)}^{{commit}}"], repo)
     return export(commit, "main", True, scratch, repo)
 
 

@@ -134,10 +134,6 @@ def python_dirs() -> list[Path]:
     return out
 
 
-def _inside(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path == r or r in path.parents for r in roots)
-
-
 def launch(inner: list[str], *, mode: str, engines_dir: Path, harness_pkg: Path, scratch: Path,
            read_only: Sequence[Path], device: str, env: dict[str, str] | None = None,
            fallback_env: dict[str, str] | None = None, fallback_cache: Path | None = None) -> Launch:
@@ -218,15 +214,12 @@ def launch(inner: list[str], *, mode: str, engines_dir: Path, harness_pkg: Path,
     return Launch(args, {"PATH": "/usr/bin:/bin"}, str(CACHE), True, record)
 
 
-def isolation_summary(record: dict[str, Any]) -> dict[str, Any]:
-    """What a receipt keeps: the tool and what it unshared (not the per-launch scratch paths)."""
-    keep = {k: v for k, v in record.items() if k not in ("binds", "path")}
-    binds = record.get("binds") or []
-    if binds:
-        keep["binds"] = [b for b in binds if b["mode"] == "ro" and not b["dest"].startswith(str(ARM))] + [
-            {"src": "<the arm's engines/>", "dest": str(ARM / "engines"), "mode": "ro"},
-            {"src": "<the launch's scratch dir>", "dest": "<same path>", "mode": "rw"}]
-    return keep
+def receipt_binds(record: dict[str, Any]) -> list[dict[str, str]]:
+    """A launch's binds as a receipt keeps them: the same for every launch of the round (the arm's export
+    and the launch's scratch dir, which differ per launch and are removed, are named, not given)."""
+    fixed = [b for b in record.get("binds") or [] if b["mode"] == "ro" and b["dest"] != str(ARM / "engines")]
+    return fixed + [{"src": "<the arm's engines/>", "dest": str(ARM / "engines"), "mode": "ro"},
+                    {"src": "<the launch's private scratch dir>", "dest": "<same path>", "mode": "rw"}]
 
 
 # ----------------------------------------------------------------------------------------------

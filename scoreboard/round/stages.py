@@ -125,6 +125,11 @@ class GateStage:
         res = run_worker(rnd.target.candidate_engine, import_root(source, rnd.opts.cache_dir),
                          rnd.candidate_target(), rnd.opts.cache_dir, op, payload, rnd.target.speed.timeout_s,
                          workdir=rnd.scratch, env=rnd.device_env(), isolation=rnd.opts.isolation)
+        iso = rnd.receipt["environment"].get("isolation")
+        if iso is not None and res.isolation and res.isolation.get("binds") and "binds" not in iso:
+            from .sandbox import receipt_binds
+
+            iso["binds"] = receipt_binds(res.isolation)
         base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
         if base + [f"<{op}>"] not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(base + [f"<{op}>"])
