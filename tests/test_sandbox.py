@@ -172,8 +172,10 @@ def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monke
     assert list(private_tmp.iterdir()) == []  # no workdir given: the launch's private root is gone
 
 
-def test_the_opt_out_runs_a_plain_subprocess(probe_root, private_tmp):
-    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), "logits", REQ, 120, isolation="none")
+def test_the_opt_out_runs_a_plain_subprocess(probe_root, private_tmp, tmp_path):
+    cache = tmp_path / "cache"  # unsandboxed, the engine writes into the cache it is given
+    cache.mkdir()
+    res = run_worker("sparkinfer", probe_root, _target(), cache, "logits", REQ, 120, isolation="none")
     seen = res.body["identity"]["extra"]["seen"]
     assert seen["uid"] == os.getuid() and seen["engine"].startswith(str(probe_root))
     assert res.isolation == {"tool": "none"}
