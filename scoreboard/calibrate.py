@@ -246,6 +246,16 @@ def _depth_numbers(result: Any) -> list[dict[str, Any]]:
 
 def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> CalibrationOutcome:
     """Measure, summarize, seal and record (unless opts.seal is False). Bad input raises before any engine runs."""
+    from .round import sandbox
+
+    scratch = sandbox.new_scratch_root()  # private to this calibration: the arm's export, every launch's dir
+    try:
+        return _run_calibration(opts, report, scratch)
+    finally:
+        sandbox.remove_tree(scratch)
+
+
+def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) -> CalibrationOutcome:
     from .round import candidate as cand_mod
     from .round.run import Round, RoundOptions
     from .round.stages import GateStage, preflight
@@ -273,7 +283,8 @@ def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> Calibra
                              allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False), lock, report)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     report("stage", name="candidate")
-    rnd.source = cand_mod.resolve(opts.candidate, opts.cache_dir)
+    rnd.scratch = scratch
+    rnd.source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
     rnd.main_source = None
     report("stage", name="preflight")
     t0 = time.perf_counter()

@@ -101,6 +101,9 @@ def ineligible(receipt: Mapping[str, Any]) -> str | None:
         (cand["dirty"] or not cand["commit"], "main had uncommitted changes or no commit"),
         (((receipt.get("environment") or {}).get("harness") or {}).get("dirty") is True,
          "the harness (scoreboard/) that measured had uncommitted changes"),
+        # receipts from before the sandbox have no isolation record; every later round writes one
+        (((receipt.get("environment") or {}).get("isolation") or {"tool": "bwrap"}).get("tool") != "bwrap",
+         "the candidate's workers ran without the sandbox (isolation: none)"),
         (not gate.get("pass"), "the correctness gate did not pass"),
         (v.get("label") not in MOVES_FRONTIER,
          f"verdict is {v.get('label')}: only BASELINE or a significant tier moves a slot (noise must not ratchet it)"),

@@ -344,13 +344,25 @@ class Slot(_Model):
         return self
 
 
+_BRANCH = re.compile(r"^(?!/)(?!.*(?:\.\.|//|@\{|\.lock$|/$|\.$))[A-Za-z0-9._/-]+$")
+
+
 class Lock(_Model):
     schema_: int = Field(alias="schema")
+    # the branch whose commits are "main": a main round's commit must be on refs/heads/<main_branch>
+    main_branch: str = "main"
     references: dict[str, Reference] = Field(default_factory=dict)
     weights: dict[str, Weights] = Field(default_factory=dict)
     nodes: dict[str, NodeClass] = Field(default_factory=dict)
     targets: dict[str, Target] = Field(default_factory=dict)
     slots: dict[str, Slot] = Field(default_factory=dict)
+
+    @field_validator("main_branch")
+    @classmethod
+    def _branch(cls, v: str) -> str:
+        if not _BRANCH.match(v) or v.startswith(("refs/", "-")):
+            raise ValueError(f"a branch name without refs/heads/ (e.g. \"main\"), got {v!r}")
+        return v
 
     def target(self, name: str) -> Target:
         if name not in self.targets:

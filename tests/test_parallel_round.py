@@ -198,7 +198,11 @@ def _rank_pids(tmp_path: Path) -> list[int]:
     return [int(p.read_text()) for p in (tmp_path / "work").glob("sb-worker-*/result.rank*.pid")]
 
 
-def _gone(pids: list[int]) -> bool:
+def _gone(pids: list[int], tmp_path: Path | None = None) -> bool:
+    """No rank left: inside the sandbox the recorded pids are the pid namespace's own (never signalled or probed
+    from outside), so look for any host process whose command line names this test's scratch directory."""
+    if tmp_path is not None:
+        return not processes_naming(tmp_path / "work")
     for pid in pids:
         try:
             os.kill(pid, 0)
@@ -206,6 +210,19 @@ def _gone(pids: list[int]) -> bool:
             continue
         return False
     return True
+
+
+def processes_naming(path: Path) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if str(path).encode() in (d / "cmdline").read_bytes():
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
 
 
 def test_two_ranks_agree_and_report_every_fingerprint(stub_root, tmp_path):
@@ -217,7 +234,7 @@ def test_two_ranks_agree_and_report_every_fingerprint(stub_root, tmp_path):
     assert len({fp["rank"]["pid"] for fp in fps}) == 2 and all(fp["rank"]["backend"] == "gloo" for fp in fps)
     assert np.load(body["logits"][0]["path"]).shape == (1, 8)
     assert "torch.distributed.run" in res.command
-    assert _gone(_rank_pids(tmp_path))
+    assert len(_rank_pids(tmp_path)) == 2 and _gone([], tmp_path)
 
 
 def test_a_rank_that_raises_is_named_and_no_rank_survives(stub_root, tmp_path):
@@ -226,7 +243,7 @@ def test_a_rank_that_raises_is_named_and_no_rank_survives(stub_root, tmp_path):
     assert "on rank 1 of 2" in exc.value.message and "rank one cannot load its band" in exc.value.message
     assert exc.value.hint == "fix rank one"
     pids = _rank_pids(tmp_path)
-    assert len(pids) == 2 and _gone(pids)
+    assert len(pids) == 2 and _gone(pids, tmp_path)
 
 
 def test_a_rank_that_dies_silently_is_a_crash_and_no_rank_survives(stub_root, tmp_path):
@@ -234,7 +251,7 @@ def test_a_rank_that_dies_silently_is_a_crash_and_no_rank_survives(stub_root, tm
         _run_stub(stub_root, tmp_path, "die")
     assert "failed on rank 1 of 2: rank 1 ended without a result (exit code 9)" in exc.value.message
     pids = _rank_pids(tmp_path)
-    assert len(pids) == 2 and _gone(pids)
+    assert len(pids) == 2 and _gone(pids, tmp_path)
 
 
 def test_a_hung_rank_hits_the_timeout_and_every_rank_is_stopped(stub_root, tmp_path):
@@ -244,7 +261,7 @@ def test_a_hung_rank_hits_the_timeout_and_every_rank_is_stopped(stub_root, tmp_p
     assert "exceeded the 15 s timeout" in exc.value.message and "every process was stopped" in exc.value.message
     assert time.monotonic() - t0 < 15 + 30
     pids = _rank_pids(tmp_path)
-    assert len(pids) == 2 and _gone(pids)
+    assert len(pids) == 2 and _gone(pids, tmp_path)
 
 
 def test_ranks_that_disagree_on_logits_are_refused(stub_root, tmp_path):

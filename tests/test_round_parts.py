@@ -63,6 +63,7 @@ def test_candidate_resolution(tmp_path: Path):
     _git("-c", "user.email=t@t", "-c", "user.name=t", "add", "-A", cwd=repo)
     _git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x", cwd=repo)
     head = _git("rev-parse", "HEAD", cwd=repo)
+    (tmp_path / "cache").mkdir()  # the round's private scratch root: git arms are exported into it
     main = resolve("main", tmp_path / "cache", repo=repo)
     assert main.is_main and main.commit == head and not main.dirty
     rev = resolve(head, tmp_path / "cache", repo=repo)
@@ -71,12 +72,14 @@ def test_candidate_resolution(tmp_path: Path):
     assert not path.is_main and path.commit == head
     with pytest.raises(InputError, match="neither 'main'"):
         resolve("no-such-rev", tmp_path / "cache", repo=repo)
-    shim = import_root(rev, tmp_path / "cache")
-    assert (shim / "engines").resolve() == (rev.root / "engines").resolve()
-    assert [p.name for p in shim.iterdir()] == ["engines"]  # only the candidate's engines, never scoreboard
+    assert import_root(rev, tmp_path / "cache") == rev.root  # a clean export: only the candidate's code
+    assert [p.name for p in rev.root.iterdir()] == ["engines"]  # never scoreboard, never the checkout
+    shim = import_root(path, tmp_path / "cache")  # a development tree: a shim holding only its engines/
+    assert (shim / "engines").resolve() == (repo / "engines").resolve()
+    assert [p.name for p in shim.iterdir()] == ["engines"]
 
 
-def test_only_candidate_code_makes_main_dirty(tmp_path: Path):
+def test_the_harness_records_never_make_main_dirty(tmp_path: Path):
     """A sealed round appends to rounds/ledger.jsonl and rewrites reference.lock: that is the harness's own
     record, not a change to what the candidate runs, so the next main round may still move a frontier."""
     repo = tmp_path / "repo"
@@ -90,7 +93,11 @@ def test_only_candidate_code_makes_main_dirty(tmp_path: Path):
     _git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x", cwd=repo)
     (repo / "rounds" / "ledger.jsonl").write_text("{}\n")
     (repo / "reference.lock").write_text("schema = 1\n# slots moved\n")
+    (tmp_path / "cache").mkdir()
     assert not resolve("main", tmp_path / "cache", repo=repo).dirty
+    (repo / "sitecustomize.py").write_text("")  # untracked files count: they run in any Python started there
+    assert resolve("main", tmp_path / "cache", repo=repo).dirty
+    (repo / "sitecustomize.py").unlink()
     (repo / "engines" / "e.py").write_text("x = 2\n")
     assert resolve("main", tmp_path / "cache", repo=repo).dirty
 

@@ -23,7 +23,7 @@ from ..history import History, load_history
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from ..receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
-from . import ready
+from . import ready, sandbox
 from .stages import GateStage, PreflightResult, SpeedStage, preflight
 
 Report = Callable[..., None]
@@ -62,6 +62,11 @@ class RoundOptions:
     # tests only (never an environment variable a candidate could set): False runs a target without a
     # calibration; the receipt says so and moves no frontier
     require_calibration: bool = True
+
+    # "bwrap" (candidate workers sandboxed) or "none": an explicit opt-out for tests that cannot run under the
+    # sandbox; never read from the environment (a candidate could set that); its receipts move no frontier
+    isolation: str = "bwrap"
+    repo: Path = cand_mod.HARNESS_ROOT  # the git repository whose commits are main and the candidates
 
 
 class UnsealedReceipt(ScoreboardError):
@@ -109,6 +114,9 @@ class Round:
             "verdict": None, "aborted": None, "retries": [], "commands": [], "stage_seconds": {}, "provenance": {},
         }
         self.pre: PreflightResult | None = None
+        self.scratch: Path | None = None  # the round's private scratch root (sandbox.new_scratch_root)
+        self.source: Any = None  # the candidate's arm, resolved before the receipt exists
+        self.main_source: Any = None  # a PR round's main arm
         self.candidate_options = candidate_options(self.target, opts, self.target_id)
         self.receipt["provenance"]["candidate_options"] = {
             "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
@@ -200,15 +208,28 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     check_inputs(opts, lock)
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
-    # Resolving the candidate reads only the user's spec and the harness's own git repo: a typo here
-    # (a commit or branch that does not exist, a directory that is no checkout) is an input error, never
-    # an observation about the box, so it is refused before any receipt exists.
-    src = cand_mod.resolve(opts.candidate, opts.cache_dir)
-    main_src = None if src.is_main else cand_mod.resolve("main", opts.cache_dir)
     # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
     # code runs, and held: a broken ledger refuses the round with nothing written.
     history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
+    # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
+    scratch = sandbox.new_scratch_root()
+    try:
+        return _run(opts, lock, report, history, calibration, scratch)
+    finally:
+        sandbox.remove_tree(scratch)
+
+
+def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, calibration: dict[str, Any],
+         scratch: Path) -> RoundOutcome:
+    branch = lock.main_branch
+    # Resolving the arms reads only the user's spec and the harness's own git repo: a typo here (a commit
+    # or branch that does not exist, a directory that is no checkout, main off the main branch) is an input
+    # error, never an observation about the box, so it is refused before any receipt exists. Every git arm
+    # is a clean export of its commit into this round's private scratch.
+    src = cand_mod.resolve(opts.candidate, scratch, opts.repo, branch)
+    main_src = None if src.is_main else cand_mod.resolve_main_arm(scratch, opts.repo, branch)
     rnd = Round(opts, lock, report)
+    rnd.scratch = scratch
     r = rnd.receipt
     r["calibration"] = calibration
     rnd.history = history
@@ -296,7 +317,7 @@ def _frontier_source(rnd: Round) -> cand_mod.CandidateSource | None:
     if fs is None:
         return None
     try:
-        return cand_mod.resolve(fs.commit, rnd.opts.cache_dir)
+        return cand_mod.export(fs.commit, "frontier", True, rnd.scratch, rnd.opts.repo)
     except InputError as exc:
         raise InputError(
             f"the frontier's commit {fs.commit} (slot {fs.slot}, sealed by round {fs.round_id}) cannot be checked "

@@ -59,6 +59,7 @@ def preflight(rnd: "Round") -> PreflightResult:
                       "reference_split_mode": par.reference_split_mode,
                       "visible_devices": rnd.device_env().get("CUDA_VISIBLE_DEVICES", "")}
     r["environment"] = fp
+    fp["isolation"] = isolation_record(rnd)  # refuses a missing/broken sandbox before any engine runs
     bad = environment.node_mismatches(fp, lock.nodes[t.node])
     if bad and not rnd.opts.allow_node_mismatch:
         raise InputError(f"this box is not of node class {t.node!r} that target {rnd.target_id!r} is measured on:\n  "
@@ -89,6 +90,23 @@ def preflight(rnd: "Round") -> PreflightResult:
         rnd.report("step", message="reference build files against the latest sealed receipt for its build key")
         check_reference_build(identity, rnd.opts.rounds_dir, renew=rnd.opts.renew_reference_anchor)
     return rnd.pre
+
+
+def isolation_record(rnd: "Round") -> dict[str, Any]:
+    """environment.isolation: the sandbox the candidate's workers run in (sandbox.check) and where each arm's
+    code comes from (a git arm: a clean export of its commit; a path: a development tree)."""
+    from .sandbox import check
+
+    rec = check(rnd.opts.isolation)
+    arms = {"candidate": rnd.source}
+    if rnd.main_source is not None:
+        arms["main"] = rnd.main_source
+    if rnd.frontier_source is not None:
+        arms["frontier"] = rnd.frontier_source
+    rec["arms"] = {name: {"kind": s.kind, "commit": s.commit, "engines_tree": s.engines_tree,
+                          "source": "git archive export" if s.kind == "git" else "development tree"}
+                   for name, s in arms.items()}
+    return rec
 
 
 def _weights(rnd: "Round", weights_id: str) -> list[Path]:
@@ -168,7 +186,13 @@ class GateStage:
         source = source or rnd.source
         res = run_worker(rnd.target.candidate_engine, root or import_root(source, rnd.opts.cache_dir),
                          target or rnd.candidate_target(), rnd.opts.cache_dir, op, payload,
-                         timeout_s or rnd.target.speed.timeout_s, env=rnd.device_env(), session=session)
+                         timeout_s or rnd.target.speed.timeout_s, workdir=rnd.scratch, env=rnd.device_env(),
+                         session=session, isolation=rnd.opts.isolation)
+        iso = rnd.receipt["environment"].get("isolation")
+        if iso is not None and res.isolation and res.isolation.get("binds") and "binds" not in iso:
+            from .sandbox import receipt_binds
+
+            iso["binds"] = receipt_binds(res.isolation)
         base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
         if base + [f"<{op}>"] not in rnd.receipt["commands"]:
             rnd.receipt["commands"].append(base + [f"<{op}>"])
@@ -452,7 +476,7 @@ class SpeedStage:
         n = self.gate.n_variants
         plan = SessionPlan([var.workload], [[(v, var.reveals[v]) for v in range(n)]], warmup=0)
         empty = Path(rnd.opts.cache_dir) / "import-shims" / "null"  # no candidate code on its import path
-        empty.mkdir(parents=True, exist_ok=True)
+        (empty / "engines").mkdir(parents=True, exist_ok=True)
         body = self.gate.candidate_call("timed", {"harness_engine": "null", "workloads": [_wl(var.workload)],
                                                   "reps": [n]},
                                         session=lambda ch: run_session(ch, plan), root=empty)

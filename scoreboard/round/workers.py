@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from ..errors import EngineError, TransientError
 from ..distributed import launch_command
 from ..handshake import ParentChannel, make_fifos
 from ..worker import pid_path, result_path, target_to_dict
+from . import sandbox
 from .candidate import HARNESS_ROOT
 
 # Never visible to a candidate process: signing keys and tokens (CASE-STUDY: env -u POLARIS_API_KEY).
@@ -30,15 +30,19 @@ SECRET_ENV = ("SCOREBOARD_SIGNING_KEY", "GH_TOKEN", "GITHUB_TOKEN", "HF_TOKEN")
 class WorkerResult:
     body: dict[str, Any]
     wall_ns: int
-    command: list[str]
+    command: list[str]  # the worker's own command (inside the sandbox, without bwrap's binds)
     session: Any = None  # what the parent's clock session returned (op "timed")
+    isolation: dict[str, Any] | None = None
 
 
 def worker_env(import_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an unsandboxed worker (isolation "none", an explicit opt-out). A sandboxed worker
+    gets a cleared environment and an allow-list instead (sandbox.launch)."""
     env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(import_root), str(HARNESS_ROOT)])
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into an arm's export (it is re-hashed before each use)
     return env
 
 
@@ -50,32 +54,60 @@ def worker_command(world: int, request: Path, result: Path) -> list[str]:
     return launch_command(world, "scoreboard.worker", args)
 
 
+def sandboxed(import_root: Path, target: EngineTarget, cache_dir: Path, scratch: Path, cmd: list[str],
+              env: dict[str, str] | None, isolation: str) -> sandbox.Launch:
+    """The launch of `cmd` for this arm: inside bwrap (only the arm's engines/, the harness's scoreboard/
+    package, the weight shards and `scratch` reachable), or as a plain subprocess for isolation "none"."""
+    shards = [Path(target.model_path), *map(Path, target.shard_paths)]
+    return sandbox.launch(cmd, mode=isolation, engines_dir=Path(import_root) / "engines",
+                          harness_pkg=HARNESS_ROOT / "scoreboard", scratch=scratch,
+                          read_only=[p for p in shards if p.exists()], device=target.device, env=env,
+                          fallback_env=worker_env(import_root, env), fallback_cache=cache_dir)
+
+
 def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: str,
                payload: dict[str, Any], timeout_s: float, workdir: Path | None = None,
-               env: dict[str, str] | None = None, session: Callable[[ParentChannel], Any] | None = None
-               ) -> WorkerResult:
+               env: dict[str, str] | None = None, session: Callable[[ParentChannel], Any] | None = None,
+               isolation: str = "bwrap") -> WorkerResult:
     """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
+
+    The launch runs sandboxed (sandbox.launch; `isolation="none"` opts out) in a private directory inside
+    `workdir` (the round's scratch root, which its owner removes), or, without a workdir, in a private root
+    removed when the launch ends (then no output file outlives the call).
 
     With `session` (op "timed"): the clock handshake's two FIFOs are made in the launch's scratch directory
     before the launch, and `session(channel)` runs here, in the parent, while the worker runs; its return
     value is `WorkerResult.session`. The wall clock bounds the whole launch. On timeout every process is
-    stopped (the launcher's session, then each rank by the pid it recorded) and none is left running.
+    stopped (the launcher's session, then each rank by the pid it recorded, or the sandbox's pid namespace)
+    and none is left running.
     """
-    tmp = Path(tempfile.mkdtemp(prefix="sb-worker-", dir=workdir))
-    req = {"engine": engine, "target": target_to_dict(target), "cache_dir": str(cache_dir), "op": op,
-           "timeout_s": timeout_s, **payload}
-    (tmp / "request.json").write_text(json.dumps(req))
+    own_root = sandbox.new_scratch_root() if workdir is None else None
+    try:
+        return _run_worker(engine, import_root, target, cache_dir, op, payload, timeout_s,
+                           sandbox.new_launch_dir(own_root or Path(workdir)), env, isolation, session)
+    finally:
+        sandbox.remove_tree(own_root)
+
+
+def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: str,
+                payload: dict[str, Any], timeout_s: float, tmp: Path, env: dict[str, str] | None,
+                isolation: str, session: Callable[[ParentChannel], Any] | None) -> WorkerResult:
     res = tmp / "result.json"
     if session is not None:
         make_fifos(tmp)
     cmd = worker_command(target.ranks, tmp / "request.json", res)
+    box = sandboxed(import_root, target, cache_dir, tmp, cmd, env, isolation)
+    req = {"engine": engine, "target": target_to_dict(target), "cache_dir": box.cache_dir, "op": op,
+           "timeout_s": timeout_s, **payload}
+    (tmp / "request.json").write_text(json.dumps(req))
     log = tmp / "worker.log"
     t0 = time.perf_counter_ns()
     deadline = time.monotonic() + timeout_s
     sess_value, sess_error = None, None
     with open(log, "w") as log_file:  # the worker's output goes to a file: a full pipe never stalls a rep
-        proc = subprocess.Popen(cmd, env=worker_env(import_root, env), cwd=tmp, stdout=log_file,
+        proc = subprocess.Popen(box.argv, env=box.env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=log_file,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        world = 1 if box.pid_namespace else target.ranks  # namespace pids are never signalled from outside
         try:
             if session is not None:
                 chan = ParentChannel(tmp, lambda: proc.poll() is None, deadline)
@@ -89,19 +121,19 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
                 try:
                     proc.wait(timeout=min(5.0, max(deadline - time.monotonic(), 0.01)))
                 except subprocess.TimeoutExpired:
-                    _stop(proc, res, target.ranks)
+                    _stop(proc, res, world)
             proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
             _kill_group(proc)  # what the worker left running in its session (a background process) goes too
         except (subprocess.TimeoutExpired, TimeoutError):
-            _stop(proc, res, target.ranks)
+            _stop(proc, res, world)
             raise EngineError(f"{engine} worker ({op}{_world(target)}) exceeded the {timeout_s:.0f} s timeout; "
                               f"every process was stopped; log {log}",
                               "raise speed.timeout_s in the target policy only if the workload is really that slow")
         except BaseException:  # Ctrl-C: leave no rank behind
-            _stop(proc, res, target.ranks)
+            _stop(proc, res, world)
             raise
         finally:
-            _reap_ranks(res, target.ranks)
+            _reap_ranks(res, world)
     wall = time.perf_counter_ns() - t0
     out = log.read_text(errors="replace")
     body = _result(res, target.ranks, out)
@@ -122,7 +154,7 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
                   body.get("hint"))
     if sess_error is not None:
         raise EngineError(f"{sess_error.message} (log {log})", sess_error.hint)
-    return WorkerResult(body, wall, cmd, sess_value)
+    return WorkerResult(body, wall, cmd, sess_value, box.isolation)
 
 
 def _world(target: EngineTarget) -> str:

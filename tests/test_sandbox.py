@@ -1,0 +1,349 @@
+"""The candidate workers' sandbox (real bwrap), main-is-main resolution, and private scratch that is removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_fixtures import TARGET, commit_files, git, hostile_files, make_repo, processes_naming, small_lock
+from scoreboard.engine import EngineTarget, Geometry
+from scoreboard.errors import EngineError, InputError, LockError
+from scoreboard.frontier import ineligible
+from scoreboard.lockfile import parse_lock
+from scoreboard.round import candidate as cand
+from scoreboard.round import sandbox
+from scoreboard.round.candidate import HARNESS_ROOT
+from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.round.workers import run_worker
+from scoreboard.weights.verify import default_cache
+
+REPO = Path(__file__).resolve().parent.parent
+GEOM = Geometry(256, 64, 64, 1)
+
+PROBE = '''
+import json, os, sys, time
+import numpy as np
+from scoreboard.engine import Engine, EngineIdentity, LogitsResult, Prepared
+
+
+class SparkInferEngine(Engine):
+    name = "sparkinfer"
+    clock = "harness"
+    max_ranks = 8
+
+    def describe(self, target):
+        return EngineIdentity(engine="sparkinfer", version="probe", source={})
+
+    def prepare(self, target, cache_dir, progress=None):
+        if target.options.get("sleep"):
+            time.sleep(target.options["sleep"])
+        cache = os.path.join(str(cache_dir), "x")
+        open(cache, "w").write("ok")
+        import scoreboard
+        seen = {"uid": os.getuid(), "gid": os.getgid(), "env": dict(os.environ), "cache_dir": str(cache_dir),
+                "scoreboard": scoreboard.__file__, "engine": __file__, "cwd": os.getcwd(),
+                "root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc"))}
+        return Prepared(EngineIdentity(engine="sparkinfer", version="probe", source={}, extra={"seen": seen}), None)
+
+    def logits(self, prepared, request):
+        return LogitsResult(np.zeros((len(request.positions), 8), np.float32), request.geometry)
+
+    def begin(self, prepared, workload):
+        return workload
+
+    def step(self, prepared, workload):
+        return [1] * workload.n_tokens
+'''
+
+
+@pytest.fixture
+def probe_root(tmp_path: Path) -> Path:
+    root = tmp_path / "probe"
+    (root / "engines" / "sparkinfer").mkdir(parents=True)
+    (root / "engines" / "__init__.py").write_text("")
+    (root / "engines" / "sparkinfer" / "__init__.py").write_text("")
+    (root / "engines" / "sparkinfer" / "engine.py").write_text(textwrap.dedent(PROBE))
+    return root
+
+
+def _target(**options) -> EngineTarget:
+    return EngineTarget("probe", Path("/nonexistent.gguf"), (), "cpu", GEOM, options=options)
+
+
+REQ = {"requests": [{"token_ids": [1, 2, 3], "positions": [2]}]}
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch) -> Path:
+    """The system temp dir for this test alone, so that leftovers of other processes do not count."""
+    base = tmp_path / "system-tmp"
+    base.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    return base
+
+
+# ----------------------------------------------------------------------------------------------
+# the bwrap command and what a worker sees inside it
+
+def test_check_reports_the_real_sandbox():
+    rec = sandbox.check("bwrap")
+    assert rec["tool"] == "bwrap" and rec["version"].startswith("bubblewrap")
+    assert set(rec["unshared"]) >= {"user", "pid", "net", "ipc"} and rec["uid"] == 65534
+    assert sandbox.check("none")["tool"] == "none"
+    with pytest.raises(InputError, match="unknown"):
+        sandbox.check("chroot")
+
+
+def test_missing_or_broken_bwrap_is_refused_with_the_fix(tmp_path, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(InputError) as exc:
+        sandbox.check("bwrap")
+    assert "not on PATH" in exc.value.message and "apt-get install bubblewrap" in exc.value.hint
+    assert "dpkg -x" in exc.value.hint
+    fake = empty / "bwrap"  # a bwrap that cannot create namespaces (as in a container without userns)
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.0' && exit 0\n"
+                    "echo 'bwrap: No permissions to create new namespace' >&2; exit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(InputError) as exc:
+        sandbox.check("bwrap")
+    assert "cannot create its namespaces" in exc.value.message and "No permissions" in exc.value.message
+
+
+def test_the_command_is_built_from_explicit_binds(tmp_path):
+    scratch = tmp_path / "launch"
+    scratch.mkdir()
+    shard = tmp_path / "w.gguf"
+    shard.write_bytes(b"x")
+    box = sandbox.launch(["python", "-m", "scoreboard.worker"], mode="bwrap", engines_dir=REPO / "engines",
+                         harness_pkg=REPO / "scoreboard", scratch=scratch, read_only=[shard], device="cpu")
+    argv = box.argv
+    pairs = [tuple(argv[i:i + 3]) for i in range(len(argv) - 2) if argv[i] in ("--ro-bind", "--bind", "--dev-bind")]
+    assert ("--ro-bind", "/", "/") not in pairs and all(p[1] != "/" for p in pairs)
+    assert ("--ro-bind", str(REPO / "scoreboard"), "/sb/harness/scoreboard") in pairs
+    assert ("--ro-bind", str(REPO / "engines"), "/sb/arm/engines") in pairs
+    assert ("--ro-bind", str(shard), str(shard)) in pairs
+    assert ("--bind", str(scratch), str(scratch)) in pairs
+    assert not any(p[1] == str(REPO) for p in pairs)  # never the checkout root
+    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--remount-ro"):
+        assert flag in argv
+    assert argv[argv.index("--proc") + 1] == "/proc" and argv[argv.index("--dev") + 1] == "/dev"
+    assert argv[argv.index("--uid") + 1] == "65534" and argv[argv.index("--gid") + 1] == "65534"
+    assert "--share-net" not in argv
+    assert box.env == {"PATH": "/usr/bin:/bin"}  # bwrap's own env is pid 1's inside: nothing to steal
+    assert box.cache_dir == "/sb/cache" and box.pid_namespace
+    gpu = sandbox.launch(["true"], mode="bwrap", engines_dir=REPO / "engines", harness_pkg=REPO / "scoreboard",
+                         scratch=scratch, read_only=[], device="cuda", env={"CUDA_VISIBLE_DEVICES": "0,1",
+                                                                             "SCOREBOARD_SIGNING_KEY": "/k"})
+    assert ("--dev-bind", "/dev", "/dev") in [tuple(gpu.argv[i:i + 3]) for i in range(len(gpu.argv) - 2)]
+    envs = {gpu.argv[i + 1]: gpu.argv[i + 2] for i, a in enumerate(gpu.argv) if a == "--setenv"}
+    assert envs["CUDA_VISIBLE_DEVICES"] == "0,1" and "SCOREBOARD_SIGNING_KEY" not in envs
+    assert envs["PYTHONPATH"] == "/sb/arm:/sb/harness" and envs["HOME"] == "/tmp"
+
+
+def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monkeypatch):
+    monkeypatch.setenv("SCOREBOARD_SIGNING_KEY", "/somewhere/key.pem")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), "logits", REQ, 120)
+    seen = res.body["identity"]["extra"]["seen"]
+    assert seen["uid"] == 65534 and seen["gid"] == 65534
+    assert seen["scoreboard"] == "/sb/harness/scoreboard/__init__.py"
+    assert seen["engine"] == "/sb/arm/engines/sparkinfer/engine.py"
+    assert seen["cache_dir"] == "/sb/cache"
+    assert set(seen["env"]) <= {"PATH", "HOME", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                                "PYTHONNOUSERSITE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PWD",
+                                *sandbox.PASS_ENV}
+    assert "SCOREBOARD_SIGNING_KEY" not in seen["env"] and "HF_TOKEN" not in seen["env"]
+    assert "hosts" in seen["etc"] and "shadow" not in seen["etc"]
+    assert "work" not in seen["root"] and "home" not in seen["root"]
+    assert res.isolation["tool"] == "bwrap"
+    assert "bwrap" not in res.command[0]  # the receipt's command is the worker's own
+    assert not (default_cache() / "x").exists()
+    assert list(private_tmp.iterdir()) == []  # no workdir given: the launch's private root is gone
+
+
+def test_the_opt_out_runs_a_plain_subprocess(probe_root, private_tmp, tmp_path):
+    cache = tmp_path / "cache"  # unsandboxed, the engine writes into the cache it is given
+    cache.mkdir()
+    res = run_worker("sparkinfer", probe_root, _target(), cache, "logits", REQ, 120, isolation="none")
+    seen = res.body["identity"]["extra"]["seen"]
+    assert seen["uid"] == os.getuid() and seen["engine"].startswith(str(probe_root))
+    assert res.isolation == {"tool": "none"}
+    assert list(private_tmp.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# scratch: private, per launch, removed on success, error, timeout and Ctrl-C
+
+def test_launch_dirs_are_private_and_inside_the_round_root(probe_root, tmp_path):
+    root = sandbox.new_scratch_root(tmp_path)
+    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), "logits", REQ, 120, workdir=root)
+    launch = Path(res.body["logits"][0]["path"]).parent
+    assert launch.parent == root and launch.name.startswith("sb-worker-")
+    assert oct(root.stat().st_mode & 0o777) == "0o700" and oct(launch.stat().st_mode & 0o777) == "0o700"
+    sandbox.remove_tree(root)
+    assert not root.exists()
+
+
+def test_scratch_is_removed_after_a_timeout(probe_root, private_tmp):
+    with pytest.raises(EngineError, match="exceeded the 3 s timeout"):
+        run_worker("sparkinfer", probe_root, _target(sleep=600), default_cache(), "logits", REQ, 3)
+    assert list(private_tmp.iterdir()) == []
+    assert processes_naming(str(private_tmp)) == []
+
+
+def test_ctrl_c_during_a_launch_leaves_no_scratch_and_no_process(probe_root, tmp_path):
+    base = tmp_path / "system-tmp"
+    base.mkdir()
+    script = textwrap.dedent(f"""
+        import sys, tempfile
+        sys.path[:0] = [{str(REPO)!r}]
+        tempfile.tempdir = {str(base)!r}
+        from pathlib import Path
+        from scoreboard.engine import EngineTarget, Geometry
+        from scoreboard.round.workers import run_worker
+        t = EngineTarget("probe", Path("/nonexistent.gguf"), (), "cpu", Geometry(256, 64, 64, 1), options={{"sleep": 600}})
+        print("start", flush=True)
+        run_worker("sparkinfer", Path({str(probe_root)!r}), t, Path({str(tmp_path / 'cache')!r}), "logits",
+                   {{"requests": [{{"token_ids": [1], "positions": [0]}}]}}, 600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "start"
+    deadline = time.time() + 60
+    while time.time() < deadline and not processes_naming("scoreboard.worker " + str(base)):
+        time.sleep(0.2)
+    assert processes_naming(str(base)), "the worker never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    assert list(base.iterdir()) == []
+    assert processes_naming(str(base)) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# main is main: the lock's branch, a clean tree (untracked files count), exports verified before use
+
+def test_lock_main_branch_is_typed_and_path_qualified():
+    text = (REPO / "reference.lock").read_text()
+    assert parse_lock(text, "x").main_branch == "main"
+    for bad, why in (("3", "valid string"), ('"refs/heads/main"', "without refs/heads/"), ('"a..b"', "branch name")):
+        with pytest.raises(LockError) as exc:
+            parse_lock(text.replace('main_branch = "main"', f"main_branch = {bad}"), "x.lock")
+        assert "main_branch:" in exc.value.message and why in exc.value.message
+
+
+def test_untracked_files_are_dirty_except_the_harness_records(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    assert cand.dirty_paths(repo) == []
+    (repo / "rounds").mkdir()
+    (repo / "rounds" / "r.json").write_text("{}")
+    (repo / "reference.lock").write_text("schema = 1\n")
+    (repo / "engines" / "__pycache__").mkdir(exist_ok=True)
+    (repo / "engines" / "__pycache__" / "x.pyc").write_bytes(b"")  # ignored by the repo
+    assert cand.dirty_paths(repo) == []
+    (repo / "sitecustomize.py").write_text("print('hi')\n")
+    assert cand.dirty_paths(repo) == ["sitecustomize.py"]
+    (repo / "sitecustomize.py").unlink()
+    (repo / "pyproject.toml").write_text("changed\n")
+    assert cand.dirty_paths(repo) == ["pyproject.toml"]
+
+
+def test_main_must_be_on_the_main_branch(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    src = cand.resolve("main", tmp_path, repo, "main")
+    assert src.is_main and src.kind == "git" and src.commit == git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "side")
+    commit_files(repo, {"engines/NOTE": "x"})
+    with pytest.raises(InputError, match="not on the main branch refs/heads/main") as exc:
+        cand.resolve("main", tmp_path, repo, "main")
+    assert "--candidate" in exc.value.hint
+    with pytest.raises(InputError, match="has no refs/heads/trunk"):
+        cand.resolve("main", tmp_path, repo, "trunk")
+    git(repo, "checkout", "-q", "main")  # an older main commit is still on main
+    assert cand.resolve("main", tmp_path, repo, "main").is_main
+    pr = cand.resolve("side", tmp_path, repo, "main")
+    assert not pr.is_main and pr.kind == "git"
+    arm = cand.resolve_main_arm(tmp_path, repo, "main")
+    assert arm.is_main and arm.commit == git(repo, "rev-parse", "main")
+
+
+def test_an_export_holds_only_candidate_code_and_is_reverified_before_use(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    (repo / "sitecustomize.py").write_text("x = 1\n")
+    commit_files(repo, {"notes.txt": "committed but not candidate code\n"})
+    (tmp_path / "scratch").mkdir()
+    src = cand.resolve("main", tmp_path / "scratch", repo, "main")
+    assert sorted(p.name for p in src.root.iterdir()) == ["engines", "pyproject.toml"]
+    assert src.engines_tree == git(repo, "rev-parse", "HEAD:engines")
+    assert cand.import_root(src, tmp_path) == src.root
+    (src.root / "engines" / "sparkinfer" / "engine.py").write_text("# replaced\n")
+    with pytest.raises(InputError, match="changed: engines/ hashes to tree"):
+        cand.import_root(src, tmp_path)
+    src2 = cand.resolve("main", tmp_path / "scratch", repo, "main")
+    (src2.root / "engines" / "planted.py").write_text("")  # an added file changes the tree too
+    with pytest.raises(InputError, match="changed"):
+        cand.verify_export(src2)
+
+
+def test_a_path_candidate_is_never_main(tmp_path):
+    src = cand.resolve(str(REPO), tmp_path, REPO)
+    assert src.kind == "path" and not src.is_main
+
+
+# ----------------------------------------------------------------------------------------------
+# the round: refused before any engine runs without the sandbox; the opt-out moves no frontier
+
+@pytest.mark.slow
+def test_a_round_without_bwrap_is_refused_at_preflight(tmp_path, monkeypatch):
+    lock = small_lock(tmp_path)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "git").symlink_to("/usr/bin/git")
+    monkeypatch.setenv("PATH", str(bindir))
+    out = run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
+                                 cache_dir=default_cache(), seed=1, candidate="HEAD", seal=False))
+    r = out.receipt
+    assert r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
+    assert "bwrap" in r["aborted"]["reason"] and "apt-get install bubblewrap" in r["aborted"]["reason"]
+    assert r["reference"]["identity"] == {}  # refused before the reference (or any engine) was prepared
+    assert "gate" not in r["stage_seconds"]
+
+
+def test_an_opted_out_receipt_moves_no_frontier():
+    from receipt_factory import make_receipt
+
+    rec = make_receipt(is_main=True, label="BASELINE")
+    assert ineligible(rec) is None  # a receipt from before the sandbox (no isolation record) stays eligible
+    rec["environment"]["isolation"] = {"tool": "bwrap"}
+    assert ineligible(rec) is None
+    rec["environment"]["isolation"] = {"tool": "none"}
+    assert "isolation: none" in ineligible(rec)
+
+
+@pytest.mark.slow
+def test_the_real_engine_through_the_sandbox_passes_the_gate(tmp_path, private_tmp):
+    """The bundled sparkinfer on k3-mini, graded from a clean export of this checkout's HEAD inside bwrap."""
+    lock = small_lock(tmp_path)
+    out = run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
+                                 cache_dir=default_cache(), seed=7, candidate="HEAD", seal=False, gate_only=True))
+    r = out.receipt
+    assert r["status"] == "verdict", r.get("aborted")
+    assert r["gate"]["pass"], r["gate"]["reasons"]
+    iso = r["environment"]["isolation"]
+    assert iso["tool"] == "bwrap" and iso["arms"]["candidate"]["source"] == "git archive export"
+    assert iso["arms"]["candidate"]["engines_tree"] == git(REPO, "rev-parse", "HEAD:engines")
+    binds = {b["dest"]: b for b in iso["binds"]}
+    assert binds["/sb/harness/scoreboard"]["src"] == str(HARNESS_ROOT / "scoreboard")
+    assert binds["/sb/arm/engines"]["mode"] == "ro" and not any(b["dest"] == "/" for b in iso["binds"])
+    assert list(private_tmp.iterdir()) == []  # the round's scratch (exports, launches) is gone
