@@ -112,7 +112,8 @@ def _tree(tmp_path: Path, mode: str | None) -> Path:
     return root
 
 
-def _timed(root: Path, tmp_path: Path, plan: SessionPlan | None = None, engine_req: dict | None = None):
+def _timed(root: Path, tmp_path: Path, plan: SessionPlan | None = None, engine_req: dict | None = None,
+           isolation: str = "bwrap"):
     plan = plan or SessionPlan([WL], [REVEALS], warmup=1)
     target = EngineTarget("stub", Path("/nonexistent.gguf"), (), "cpu", GEOM)
     work = tmp_path / "work"
@@ -121,7 +122,7 @@ def _timed(root: Path, tmp_path: Path, plan: SessionPlan | None = None, engine_r
                               "prompt_ids": list(w.prompt_ids)} for w in plan.workloads],
                "reps": [len(r) for r in plan.reveals], **(engine_req or {})}
     return run_worker("sparkinfer", root, target, tmp_path / "cache", "timed", payload, 60, workdir=work,
-                      session=lambda ch: run_session(ch, plan))
+                      session=lambda ch: run_session(ch, plan), isolation=isolation)
 
 
 def _want(revealed: tuple[int, ...]) -> list[int]:
@@ -162,7 +163,9 @@ def test_a_background_thread_cannot_end_the_sample_before_the_output(tmp_path):
 
 
 def test_a_process_left_behind_dies_with_the_launch(tmp_path):
-    res = _timed(_tree(tmp_path, "orphan"), tmp_path)
+    # unsandboxed, so that the child's pid is a host pid (in the sandbox its pid namespace ends with the launch,
+    # tests/test_exploits_sandbox.py); the launch's process group is killed after the worker exits
+    res = _timed(_tree(tmp_path, "orphan"), tmp_path, isolation="none")
     assert res.session[0]
     pid = int(next((tmp_path / "work").glob("sb-worker-*/orphan.pid")).read_text())
     deadline = time.monotonic() + 10
@@ -184,7 +187,7 @@ def test_a_forged_message_in_the_fifo_ends_the_session_with_an_error(tmp_path):
 def test_the_null_engine_measures_the_handshake_itself(tmp_path):
     """The harness's own null engine through the same launch: no work, so its samples are the round trip."""
     empty = tmp_path / "empty"
-    empty.mkdir()
+    (empty / "engines").mkdir(parents=True)  # no candidate code: the sandbox binds an empty engines/
     plan = SessionPlan([WL], [REVEALS], warmup=0)
     reps = _timed(empty, tmp_path, plan, {"harness_engine": "null"}).session[0]
     assert len(reps) == 4 and all(r.token_ids == expected_output(WL, REVEALS[r.variant][1]) for r in reps)

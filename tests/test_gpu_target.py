@@ -81,7 +81,7 @@ def lock(tmp_path: Path) -> Path:
 
 def test_a_gpu_round_on_this_box_is_refused_by_the_node_class_with_its_options_recorded(lock, tmp_path):
     out = run_round(RoundOptions(target="k3-gpu-h200", lock_path=lock, rounds_dir=tmp_path / "rounds",
-                                 cache_dir=default_cache(), seal=False, seed=1))
+                                 cache_dir=default_cache(), seal=False, seed=1, require_calibration=False))
     r = out.receipt
     assert out.exit_code == 1 and r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
     assert "this box is not of node class 'h200x1'" in r["aborted"]["reason"]
@@ -94,10 +94,12 @@ def test_a_gpu_round_on_this_box_is_refused_by_the_node_class_with_its_options_r
 def test_round_overrides_are_checked_before_anything_runs(lock, tmp_path):
     with pytest.raises(LockError, match=r"targets\.k3-mini-cpu\.candidate_options\.faults: .*unknown fault"):
         run_round(RoundOptions(target="k3-mini-cpu", lock_path=lock, rounds_dir=tmp_path / "rounds",
-                               cache_dir=default_cache(), candidate_options={"faults": ["nope"]}))
+                               cache_dir=default_cache(), candidate_options={"faults": ["nope"]},
+                               require_calibration=False))
     with pytest.raises(InputError, match=r"candidate_options\.cuda_graph: Input should be a valid boolean"):
         run_round(RoundOptions(target="k3-mini-cpu", lock_path=lock, rounds_dir=tmp_path / "rounds",
-                               cache_dir=default_cache(), candidate_options={"cuda_graph": "on"}))
+                               cache_dir=default_cache(), candidate_options={"cuda_graph": "on"},
+                               require_calibration=False))
     assert not (tmp_path / "rounds").exists()
 
 
@@ -116,7 +118,9 @@ def test_lock_options_reach_the_engine_and_round_overrides_win_key_by_key(lock, 
     assert not r["gate"]["pass"]  # the fault bites: the options really ran
 
 
-def test_the_cli_runs_the_gpu_target_and_this_box_is_refused_by_its_node_class(lock, tmp_path):
+def test_the_cli_runs_the_gpu_target_and_refuses_it_until_it_is_calibrated(lock, tmp_path):
+    """From the CLI the GPU target loads, its options validate, and the round refuses it before anything runs
+    until `scoreboard gate calibrate k3-gpu-h200` has sealed a calibration of its bars (nothing written)."""
     import subprocess
     import sys
 
@@ -124,8 +128,6 @@ def test_the_cli_runs_the_gpu_target_and_this_box_is_refused_by_its_node_class(l
                           "--lock", str(lock), "--rounds", str(tmp_path / "rounds"), "--no-seal", "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
-    import json
-
-    r = json.loads(out.stdout[out.stdout.index("{"):])
-    assert r["aborted"]["stage"] == "preflight" and "node class 'h200x1'" in r["aborted"]["reason"]
-    assert r["provenance"]["candidate_options"]["effective"] == {"dtype": "float16", "cuda_graph": True}
+    err = " ".join(out.stderr.split())
+    assert "'k3-gpu-h200' has no calibration" in err and "scoreboard gate calibrate k3-gpu-h200" in err
+    assert not (tmp_path / "rounds").exists()

@@ -206,7 +206,6 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     what the round observes once it has started becomes a sealed receipt (docs/receipt-format.md)."""
     lock = load_lock(opts.lock_path)
     check_inputs(opts, lock)
-    calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
     # code runs, and held: a broken ledger refuses the round with nothing written.
@@ -214,13 +213,12 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
     scratch = sandbox.new_scratch_root()
     try:
-        return _run(opts, lock, report, history, calibration, scratch)
+        return _run(opts, lock, report, history, scratch)
     finally:
         sandbox.remove_tree(scratch)
 
 
-def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, calibration: dict[str, Any],
-         scratch: Path) -> RoundOutcome:
+def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scratch: Path) -> RoundOutcome:
     branch = lock.main_branch
     # Resolving the arms reads only the user's spec and the harness's own git repo: a typo here (a commit
     # or branch that does not exist, a directory that is no checkout, main off the main branch) is an input
@@ -228,16 +226,17 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, calib
     # is a clean export of its commit into this round's private scratch.
     src = cand_mod.resolve(opts.candidate, scratch, opts.repo, branch)
     main_src = None if src.is_main else cand_mod.resolve_main_arm(scratch, opts.repo, branch)
+    # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
+    ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
+    calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     rnd = Round(opts, lock, report)
     rnd.scratch = scratch
     r = rnd.receipt
     r["calibration"] = calibration
+    r["provenance"]["ready"] = ready_record
     rnd.history = history
     rnd.source, rnd.main_source = src, main_src
     rnd.frontier_source = _frontier_source(rnd) if src.is_main else None
-    # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
-    r["provenance"]["ready"] = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal,
-                                                        opts.update_frontier)
     # the harness's own worker must start in its own environment: an environment problem, nothing written
     report("step", message="worker imports in the worker's own environment")
     ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(main_src or src, opts.cache_dir),
