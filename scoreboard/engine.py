@@ -53,6 +53,11 @@ from typing import Any, Callable, ClassVar, Literal
 
 import numpy as np
 
+# The engine contract's version, read from a commit's own scoreboard/engine.py when the round re-measures an
+# older commit (the frontier arm): 1 = begin() saw the whole prompt and step(prepared, state) took no reveal;
+# 2 = begin() sees only the known prompt and step(prepared, state, revealed) gets the secret reveal.
+CONTRACT_VERSION = 2
+
 Phase = Literal["decode", "prefill"]
 Progress = Callable[[str, float | None], None]  # (message, fraction 0..1 or None)
 

@@ -108,3 +108,13 @@ def test_worker_env_strips_secrets(monkeypatch, tmp_path):
     env = worker_env(tmp_path)
     assert not any(k in env for k in SECRET_ENV)
     assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+
+
+def test_the_engine_contract_version_of_a_commit_is_read_from_its_own_git_objects():
+    """A main round re-measures the frontier's commit only when that commit speaks this harness's engine
+    contract; the committed frontier (set before the clock handshake) speaks version 1."""
+    from scoreboard.engine import CONTRACT_VERSION
+    from scoreboard.round.candidate import contract_version
+
+    assert contract_version("922ce13e287f8b95cb63c8e3fc0e6d5369365eec") == 1
+    assert contract_version("HEAD") == CONTRACT_VERSION == 2

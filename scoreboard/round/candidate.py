@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import tarfile
 import tempfile
@@ -113,6 +114,17 @@ def resolve(spec: str, scratch: Path, repo: Path = HARNESS_ROOT, main_branch: st
         raise InputError(f"--candidate {spec!r} is neither 'main', an existing path, nor a git revision",
                          "pass --candidate main, a commit/branch of this repository, or a path to a checkout") from None
     return export(commit, spec, False, scratch, repo)
+
+
+def contract_version(commit: str, repo: Path = HARNESS_ROOT) -> int:
+    """The engine contract version a commit was written against: its scoreboard/engine.py's CONTRACT_VERSION
+    (absent: 1). Read from the harness's own git objects, which no candidate process can write."""
+    try:
+        text = _git(["show", f"{commit}:scoreboard/engine.py"], repo)
+    except InputError:
+        return 1
+    m = re.search(r"^CONTRACT_VERSION = (\d+)", text, re.MULTILINE)
+    return int(m.group(1)) if m else 1
 
 
 def resolve_main_arm(scratch: Path, repo: Path = HARNESS_ROOT, main_branch: str = "main") -> CandidateSource:

@@ -315,6 +315,16 @@ def _frontier_source(rnd: Round) -> cand_mod.CandidateSource | None:
     fs = rnd.history.scored_frontier
     if fs is None:
         return None
+    from ..engine import CONTRACT_VERSION
+
+    version = cand_mod.contract_version(fs.commit, rnd.opts.repo)
+    if version != CONTRACT_VERSION:
+        # its engine cannot run under this harness's worker: the verdict falls back to the pinned slot, and
+        # the receipt says why (the next main round re-measures a frontier this round sets)
+        rnd.receipt["provenance"]["frontier_arm"] = (
+            f"not measured: the frontier's commit {fs.commit[:12]} speaks engine contract {version}, this harness "
+            f"{CONTRACT_VERSION}; the verdict is against the pinned slot {fs.slot}")
+        return None
     try:
         return cand_mod.export(fs.commit, "frontier", True, rnd.scratch, rnd.opts.repo)
     except InputError as exc:
