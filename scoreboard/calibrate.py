@@ -10,7 +10,8 @@ through the round's own gate code (preflight, GateStage rows and grading, fresh 
 * ``faults``: KL(reference || candidate with one injected bug), for every fault that changes the gate's logits.
 
 Separated with margin m (the target's ``gate.calibration_margin``, default 20) means, at every gate depth and
-on every seed: correct and noise-floor KL mean <= kl_max / m and top-1 >= top1_min, correct KL p99 <= kl_p99_max;
+on every seed: noise-floor KL mean <= kl_max / m, correct-engine KL mean <= kl_max and p99 <= kl_p99_max (it
+passes the bars), both with top-1 >= top1_min;
 and every fault, on its best seed (lowest KL), reads KL mean >= kl_max x m at its worst depth (the depth at
 which the gate rejects it). A fault's top-1 may be anything: the KL bar alone already rejects it with margin.
 
@@ -178,10 +179,14 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
                     worst_p99 = (float(d["kl_p99"]), *at)
                 if worst_top1 is None or d["top1"] < worst_top1[0]:
                     worst_top1 = (float(d["top1"]), *at)
-        if worst_mean and worst_mean[0] > low:
+        # the noise floor (rounding alone) must sit a margin below the bar; the reference against a correct
+        # candidate must pass the bar on every seed (on a GPU it carries the reference's own f16 arithmetic)
+        bar = low if arm == "noise_floor" else policy.kl_max
+        if worst_mean and worst_mean[0] > bar:
             v, s, d = worst_mean
-            problems.append(f"{label}: KL mean {v:.3g} at depth {d} (seed {s}) > kl_max / margin = "
-                            f"{policy.kl_max:g} / {m:g} = {low:.3g} ({v / low:.3g}x over)")
+            what = f"kl_max / margin = {policy.kl_max:g} / {m:g} = {low:.3g}" if arm == "noise_floor" \
+                else f"kl_max {policy.kl_max:g}: a correct engine would be rejected"
+            problems.append(f"{label}: KL mean {v:.3g} at depth {d} (seed {s}) > {what} ({v / bar:.3g}x over)")
         if arm == "correct" and worst_p99 and worst_p99[0] > policy.kl_p99_max:
             v, s, d = worst_p99
             problems.append(f"{label}: KL p99 {v:.3g} at depth {d} (seed {s}) > kl_p99_max {policy.kl_p99_max:g} "

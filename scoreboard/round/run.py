@@ -206,7 +206,6 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     what the round observes once it has started becomes a sealed receipt (docs/receipt-format.md)."""
     lock = load_lock(opts.lock_path)
     check_inputs(opts, lock)
-    opts.cache_dir.mkdir(parents=True, exist_ok=True)
     # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
     # code runs, and held: a broken ledger refuses the round with nothing written.
     history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
@@ -229,6 +228,7 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
+    opts.cache_dir.mkdir(parents=True, exist_ok=True)
     rnd = Round(opts, lock, report)
     rnd.scratch = scratch
     r = rnd.receipt
