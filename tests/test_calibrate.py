@@ -136,9 +136,9 @@ def test_round_refuses_a_noise_floor_above_the_bar_over_margin(lock, tmp_path):
 def test_the_latest_calibration_counts_not_an_older_good_one(lock, tmp_path):
     rounds = tmp_path / "rounds"
     write_record(synthetic(lock), rounds)
-    write_record(synthetic(lock, correct=1e-3), rounds)
+    write_record(synthetic(lock, correct=2e-3), rounds)  # above kl_max 0.001: a correct engine would fail
     exc = _refusal(lock, tmp_path)
-    assert "correct engine (reference vs candidate): KL mean 0.001" in exc.message
+    assert "correct engine (reference vs candidate): KL mean 0.002" in exc.message
 
 
 def test_a_hand_edited_record_is_refused_and_fails_verify(lock, tmp_path):
