@@ -39,7 +39,9 @@ def test_entry_point_and_describe(prepared):
     described = dataclasses.replace(target, options={**target.options, "cache_dir": str(test_cache_dir())})
     ident = engine.describe(described)
     assert ident == engine.describe(described) == p.identity  # deterministic, and what prepare verified
-    assert ident.source == {**target.reference.identity(), "upstream": target.reference.upstream}
+    want = {**target.reference.identity(), "upstream": target.reference.upstream}
+    assert {k: ident.source[k] for k in want} == want  # the pin, plus the tree it was checked against
+    assert set(ident.source) - set(want) <= {"tree", "tree_exclude"}
     assert "-DGGML_NATIVE=ON" in ident.build_flags and ident.compiler and ident.device == "cpu"
     assert ident.binaries == p.handle.build.manifest["binaries"]  # the cached build is described
     assert ident.extra["run_flags"] == ["-t", "2", "-fa", "1", "-ngl", "0", "-sm", "layer"]

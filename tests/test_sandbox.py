@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from calibration_fixtures import seed_calibration
 
 from sandbox_fixtures import TARGET, commit_files, git, hostile_files, make_repo, processes_naming, small_lock
 from scoreboard.engine import EngineTarget, Geometry
@@ -311,6 +312,7 @@ def test_a_round_without_bwrap_is_refused_at_preflight(tmp_path, monkeypatch):
     bindir.mkdir()
     (bindir / "git").symlink_to("/usr/bin/git")
     monkeypatch.setenv("PATH", str(bindir))
+    seed_calibration(tmp_path / "rounds")  # the target's committed calibration: rounds refuse an uncalibrated target
     out = run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
                                  cache_dir=default_cache(), seed=1, candidate="HEAD", seal=False))
     r = out.receipt
@@ -335,6 +337,7 @@ def test_an_opted_out_receipt_moves_no_frontier():
 def test_the_real_engine_through_the_sandbox_passes_the_gate(tmp_path, private_tmp):
     """The bundled sparkinfer on k3-mini, graded from a clean export of this checkout's HEAD inside bwrap."""
     lock = small_lock(tmp_path)
+    seed_calibration(tmp_path / "rounds")  # the target's committed calibration: rounds refuse an uncalibrated target
     out = run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
                                  cache_dir=default_cache(), seed=7, candidate="HEAD", seal=False, gate_only=True))
     r = out.receipt
