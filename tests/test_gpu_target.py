@@ -108,7 +108,7 @@ def test_lock_options_reach_the_engine_and_round_overrides_win_key_by_key(lock, 
     """The lock pins dtype = bfloat16 for the cpu target; a test adds a fault: both reach the engine worker."""
     out = run_round(RoundOptions(target="k3-mini-cpu", lock_path=lock, rounds_dir=tmp_path / "rounds",
                                  cache_dir=default_cache(), seal=False, gate_only=True, seed=3,
-                                 candidate_options={"faults": ["mla_as_mqa"]}))
+                                 candidate_options={"faults": ["mla_as_mqa"]}, require_calibration=False))
     r = out.receipt
     extra = r["candidate"]["identity"]["extra"]
     assert extra["dtype"] == "bfloat16" and extra["faults"] == ["mla_as_mqa"] and extra["cuda_graph"] is False

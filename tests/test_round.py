@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from scoreboard.errors import LockError
 import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
@@ -140,19 +142,14 @@ def test_bad_target_is_an_error_with_no_receipt(lock, tmp_path):
     assert not list(rounds.glob("*.json")) and not (rounds / "ledger.jsonl").exists()
 
 
-def test_engine_that_cannot_load_aborts_with_a_complete_receipt(lock, tmp_path):
-    """A candidate that fails in prepare() inside its worker: an aborted receipt (stage + reason), never a
-    half-written one, and an untouched lock."""
+def test_an_unknown_engine_option_is_refused_before_anything_runs(lock, tmp_path):
+    """A fault the candidate engine does not know is refused by its typed options before any engine runs:
+    a LockError naming the option path, nothing written, the lock untouched."""
     before = lock.read_bytes()
-    out = run_round(_opts(lock, tmp_path, candidate_options={"faults": ["no_such_fault"]}))
-    r = out.receipt
-    assert r["status"] == "aborted" and r["aborted"]["stage"] == "gate"
-    assert "no_such_fault" in r["aborted"]["reason"]
-    assert out.exit_code == 1
-    assert out.path is not None
-    assert json.loads(out.path.read_text())["seal"]["sha256"]
+    with pytest.raises(LockError, match=r"candidate_options\.faults: unknown fault\(s\) \['no_such_fault'\]"):
+        run_round(_opts(lock, tmp_path, candidate_options={"faults": ["no_such_fault"]}))
     assert lock.read_bytes() == before
-    assert not [p for p in (tmp_path / "rounds").iterdir() if p.suffix == ".tmp"]
+    assert not list((tmp_path / "rounds").glob("*.json")) and not (tmp_path / "rounds" / "ledger.jsonl").exists()
 
 
 def test_interrupt_leaves_no_receipt_and_an_untouched_lock(lock, tmp_path):
