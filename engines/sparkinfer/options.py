@@ -18,14 +18,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 
 class LockOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     # weights and matmuls; norms, softmaxes, router and recurrent state stay float32
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     # decode through a captured CUDA graph; None = the engine default (true on cuda); true on cpu is refused
     cuda_graph: bool | None = None
 
