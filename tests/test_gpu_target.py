@@ -41,8 +41,8 @@ def test_the_gpu_targets_load_on_a_one_h200_node_class():
 @pytest.mark.parametrize("options, problem", [
     ('{ dtype = "float16", cuda_graph = "yes" }', r"targets\.k3-gpu-h200\.candidate_options\.cuda_graph: Input "
                                                   r"should be a valid boolean, got 'yes'"),
-    ('{ dtype = 16 }', r"targets\.k3-gpu-h200\.candidate_options\.dtype: Input should be 'float32', 'bfloat16' or "
-                       r"'float16', got 16"),
+    ('{ dtype = 16 }', r"targets\.k3-gpu-h200\.candidate_options\.dtype: Input should be 'float32', 'bfloat16', "
+                       r"'float16' or 'float64', got 16"),
     ('{ dtpye = "float16" }', r"targets\.k3-gpu-h200\.candidate_options\.dtpye: unknown sparkinfer option \(known: "
                               r"dtype, cuda_graph\); remove it or check its spelling"),
     ('{ faults = ["mla_as_mqa"] }', r"targets\.k3-gpu-h200\.candidate_options\.faults: sparkinfer reads this "
