@@ -23,7 +23,7 @@ from scoreboard import registry
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
 from scoreboard.gate import GateResult, gate_positions, grade_depth
 from scoreboard.lockfile import GitReference, load_lock
-from scoreboard.timing import in_process_reps
+from scoreboard.round.clock import in_process_reps
 from scoreboard.weights.generate import generate
 
 from sections import RESULTS, section  # bench/ is the script's own folder

@@ -86,9 +86,9 @@ RANK_JOB = r'''
 import json, sys, time
 from pathlib import Path
 import numpy as np, torch
-from scoreboard.distributed import RankGroup
+from scoreboard.worker.distributed import RankGroup
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
-from scoreboard.timing import in_process_reps
+from scoreboard.round.clock import in_process_reps
 from engines.sparkinfer.engine import SparkInferEngine
 from engines.sparkinfer.parallel import prepare_rank
 args = json.loads(sys.argv[1])
@@ -123,7 +123,7 @@ g.close()
 def nccl_ranked(cache, shards, work):
     import torch
 
-    from scoreboard.distributed import launch_command
+    from scoreboard.worker.distributed import launch_command
 
     world = torch.cuda.device_count()
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """GPU smoke test of sparkinfer's CUDA-graph decode: eager vs graph on the generated k3-mini.
 
 For each dtype (float32, bfloat16) it prepares the engine twice on CUDA (options.cuda_graph false / true),
-times decode workloads with the harness's own clock (scoreboard.timing.in_process_reps: begin untimed, step
+times decode workloads with the harness's own clock (scoreboard.round.clock.in_process_reps: begin untimed, step
 timed between device synchronizations), prints tok/s and whether the greedy tokens agree. float32 must
 give identical tokens (exit 1 otherwise); bfloat16's agreement is printed, not required.
 
@@ -23,7 +23,7 @@ import torch
 from engines.sparkinfer.engine import SparkInferEngine
 from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.round.prompt import draw_prompt
-from scoreboard.timing import in_process_reps
+from scoreboard.round.clock import in_process_reps
 from scoreboard.weights.generate import generate
 from scoreboard.weights.tokenizer import Tokenizer
 

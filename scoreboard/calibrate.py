@@ -35,11 +35,11 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from . import ledger
+from .history import ledger
 from .errors import InputError, NonCompliant
 from .lockfile import GatePolicy, Lock, Target, atomic_write_text, lock_digest, load_lock
-from .receipt import utc_now
-from .seal import canonical_bytes, check_seal, check_signature, load_private_key, make_seal, sha256_hex
+from .history.receipt import utc_now
+from .history.seal import canonical_bytes, check_seal, check_signature, load_private_key, make_seal, sha256_hex
 
 CHAIN_NAME = "calibrations.jsonl"
 RECORDS_DIR = "calibrations"
@@ -499,7 +499,7 @@ def write_record(record: Mapping[str, Any], rounds_dir: str | os.PathLike[str],
                  signing_key: str | os.PathLike[str] | None = None,
                  forbidden_roots: Iterable[Path] | None = None) -> Path:
     """Seal (signed when a key is configured, like receipts), write once, append the chain line."""
-    from .records import _write_once
+    from .history.records import _write_once
 
     if record.get("seal") is not None:
         raise InputError(f"calibration {record.get('calibration_id')}: already sealed")

@@ -13,7 +13,7 @@ import numpy as np
 
 from .engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, Prepared, Workload
 from .errors import EngineError
-from .timing import in_process_reps
+from .round.clock import in_process_reps
 
 
 class ContractViolation(AssertionError):

@@ -18,7 +18,7 @@ def reference_drift(receipt: Mapping[str, Any], lock: Lock | None,
     """One warning per metric whose reference arm is more than speed.reference_drift_max away from the
     baseline slot. `baselines` (slot -> tok/s as read before the round) wins over `lock`'s slots; a slot
     last written by this very round is not its own baseline."""
-    from .receipt import arm_value
+    from .history.receipt import arm_value
 
     speed, raw = receipt.get("speed"), receipt.get("lock_target")
     if not speed or not isinstance(raw, Mapping):

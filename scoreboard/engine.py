@@ -24,7 +24,7 @@ is the engine id used in ``reference.lock`` and in receipts. It provides:
       argmax of the last position's logits).
 
     The round runs begin/step in a worker process and keeps the clock in the harness's own process,
-    outside the candidate's reach (scoreboard.timing, scoreboard.worker): the worker prepares, calls
+    outside the candidate's reach (scoreboard.round.clock, scoreboard.worker): the worker prepares, calls
     ``begin``, synchronizes and says "ready"; the harness reads its clock, sends the revealed tokens and
     stops its clock when the complete output has arrived. Every round reveals a different secret token
     (decode) or prompt (prefill) per timed rep, and each rep's output must equal the gate's checked
@@ -35,7 +35,7 @@ is the engine id used in ``reference.lock`` and in receipts. It provides:
 
 Multi-process engines (``max_ranks > 1``): for a target with ``ranks = W > 1`` the harness launches W
 processes (torchrun) and initializes the default torch.distributed group before ``prepare`` (NCCL on
-cuda with one GPU per rank, gloo on cpu; :mod:`scoreboard.distributed`). Every rank runs the same calls;
+cuda with one GPU per rank, gloo on cpu; :mod:`scoreboard.worker.distributed`). Every rank runs the same calls;
 the engine uses the default group for its own collectives. Rank 0 talks to the harness; the revealed tokens are
 broadcast to every rank, and the harness requires every rank to return the same logits and tokens.
 

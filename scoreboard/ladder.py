@@ -60,7 +60,7 @@ def ladder_steps(lines: list[dict[str, Any]], target: str | None = None) -> list
 
 def _receipt_facts(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(receipt, problem): the receipt only when its seal holds — an edited one lends the ladder nothing."""
-    from .seal import check_seal
+    from .history.seal import check_seal
 
     if not path.is_file():
         return None, f"{path.name}: receipt missing"
@@ -77,7 +77,7 @@ def _receipt_facts(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 def _slot_metric(receipt: dict[str, Any], slot: str) -> tuple[str, float | None]:
     """(metric name, the reference arm's value) for the candidate slot `slot` in this receipt."""
-    from .receipt import arm_value
+    from .history.receipt import arm_value
 
     for m in (receipt.get("speed") or {}).get("metrics", []):
         if m.get("slot") == slot:
@@ -91,7 +91,7 @@ def _slot_metric(receipt: dict[str, Any], slot: str) -> tuple[str, float | None]
 
 def ladder_from_history(rounds_dir: str | Path, target: str | None = None) -> list[Step]:
     """The ladder with each step's tier and same-round reference value from its (seal-checked) receipt."""
-    from .ledger import read_ledger
+    from .history.ledger import read_ledger
 
     rounds = Path(rounds_dir)
     out = []

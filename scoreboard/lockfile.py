@@ -18,7 +18,7 @@ import tomlkit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError, LockError
-from .slots import slot_name
+from .history.slots import slot_name
 
 SCHEMA_MAJOR = 1
 DEFAULT_LOCK = "reference.lock"

@@ -17,8 +17,8 @@ from typing import Any
 
 from . import __version__
 from .ladder import Step, compounding, ladder_from_history, slot_panel_svg
-from .records import receipt_files
-from .seal import check_seal, check_signature
+from .history.records import receipt_files
+from .history.seal import check_seal, check_signature
 
 _CSS = """
 body{font-family:"DejaVu Sans",Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff;
@@ -167,7 +167,7 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
                  target: str | None = None, title: str = "scoreboard history") -> Report:
     from .drift import reference_drift
     from .lockfile import load_lock
-    from .verify import verify
+    from .history.verify import verify
 
     rounds = Path(rounds_dir)
     views = [_load(p) for p in receipt_files(rounds)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from receipt_factory import lock_with_test_target, make_receipt
-from scoreboard.records import record_round
+from scoreboard.history.records import record_round
 
 ROUNDS = [
     dict(label="BASELINE", candidate_tps=50.0, guard_tps=900.0, created_at="2026-11-29T10:00:00Z",

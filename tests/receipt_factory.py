@@ -17,7 +17,7 @@ from typing import Any
 import tomlkit
 
 from scoreboard.lockfile import Target
-from scoreboard.receipt import FORMAT_VERSION
+from scoreboard.history.receipt import FORMAT_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "rcpt-test"

@@ -129,7 +129,7 @@ def run(target, cache_dir):
     # harness verified, the harness package as the worker sees it, and the arm's own engines/
     out["write"] = {p: _write(p) for p in CTX["write_targets"]}
     out["write_weights"] = {str(p): _write(str(p)) for p in target.shard_paths}
-    out["write_harness_pkg"] = _write("/sb/harness/scoreboard/timing.py")
+    out["write_harness_pkg"] = _write("/sb/harness/scoreboard/round/clock.py")
     out["write_own_engines"] = _write(__file__)
     out["cache_dir"] = str(cache_dir)
     out["write_given_cache"] = _write(os.path.join(str(cache_dir), "planted"))

@@ -19,7 +19,7 @@ from engines.llamacpp import build
 from llamacpp_fixtures import prepared_reference
 from receipt_factory import make_receipt
 from scoreboard.errors import NonCompliant, PinError
-from scoreboard.records import write_receipt
+from scoreboard.history.records import write_receipt
 from scoreboard.round.evidence import check_reference_build, sealed_anchor
 
 pytestmark = pytest.mark.slow

@@ -17,17 +17,17 @@ import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
 from receipt_factory import lock_with_test_target, make_receipt, zero_slots
-from scoreboard import frontier
+from scoreboard.history import frontier
 from scoreboard.calibrate import (
     CalibrationOptions, chain_path, check_calibration, definition, definition_sha256, latest_calibration,
     new_calibration_id, record_path, run_calibration, separation_problems, summary, write_record,
 )
 from scoreboard.errors import InputError, NonCompliant
 from scoreboard.lockfile import load_lock
-from scoreboard.receipt import utc_now
-from scoreboard.records import record_round
+from scoreboard.history.receipt import utc_now
+from scoreboard.history.records import record_round
 from scoreboard.round.run import RoundOptions, run_round
-from scoreboard.verify import verify
+from scoreboard.history.verify import verify
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 
 from history_factory import build_history
 from receipt_factory import REF_SCORED_SLOT, make_receipt
-from scoreboard.records import write_receipt
+from scoreboard.history.records import write_receipt
 
 REPO = Path(__file__).resolve().parent.parent
 FLAGSHIP = "kimi-k3-h200x8-iq1s"

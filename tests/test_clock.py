@@ -16,11 +16,11 @@ import pytest
 from scoreboard.ceiling import implausible
 from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.errors import EngineError
-from scoreboard.handshake import PROTOCOL, decode, encode
-from scoreboard.nullengine import expected_output
+from scoreboard.worker.handshake import PROTOCOL, decode, encode
+from scoreboard.worker.nullengine import expected_output
 from scoreboard.round.reveal import block_order, derived
-from scoreboard.round.workers import run_worker
-from scoreboard.timing import SessionPlan, run_session
+from scoreboard.round.launch import run_worker
+from scoreboard.round.clock import SessionPlan, run_session
 
 GEOM = Geometry(n_ctx=64, n_batch=16, n_ubatch=16, n_threads=1)
 WL = Workload("decode", 4, 3, (5, 6, 7))
@@ -57,7 +57,7 @@ HOSTILE = {
     # replaces every clock a worker-side timer could read, and the harness's own timing module, at import
     "patch_clock": '''
 import time as _time
-import scoreboard.timing as _timing
+import scoreboard.round.clock as _timing
 _fake = iter(range(0, 10**18, 1000))
 _time.perf_counter_ns = lambda: next(_fake)
 _time.perf_counter = lambda: next(_fake) / 1e9
@@ -140,7 +140,7 @@ def test_honest_session_samples_come_from_the_parent_and_cover_the_step(tmp_path
 
 
 def test_a_worker_that_patches_every_clock_in_its_process_changes_no_sample(tmp_path):
-    """(a) The engine module replaces time.perf_counter_ns and scoreboard.timing in the worker: the samples
+    """(a) The engine module replaces time.perf_counter_ns and scoreboard.round.clock in the worker: the samples
     are still the parent's readings around the real 50 ms step."""
     reps = _timed(_tree(tmp_path, "patch_clock"), tmp_path).session[0]
     assert len(reps) == 3 and all(r.ns >= 50_000_000 for r in reps)

@@ -11,11 +11,12 @@ from receipt_factory import (
     GUARD_SLOT, MAIN_COMMIT, REF_GUARD_SLOT, REF_SCORED_SLOT, SCORED_SLOT, lock_with_test_target, make_receipt,
 )
 
-from scoreboard import frontier, ledger
+from scoreboard.history import frontier
+from scoreboard.history import ledger
 from scoreboard.errors import InputError, NonCompliant
 from scoreboard.lockfile import load_lock
-from scoreboard.records import record_round, resume_round, write_receipt
-from scoreboard.verify import verify
+from scoreboard.history.records import record_round, resume_round, write_receipt
+from scoreboard.history.verify import verify
 
 _n = iter(range(1, 1000))
 

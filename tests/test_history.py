@@ -1,4 +1,4 @@
-"""History read and verified before a round (scoreboard.history), the same-round frontier basis and
+"""History read and verified before a round (scoreboard.history.held), the same-round frontier basis and
 zero-variance flags in the verdict (scoreboard.tiers), and `frontier resume` re-chaining receipts the
 ledger lost. Synthetic receipts (receipt_factory), real lock copies, real rounds/ directories."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from receipt_factory import SCORED_SLOT, TARGET, lock_with_test_target, make_receipt
 
-from scoreboard import ledger
+from scoreboard.history import ledger
 from scoreboard.errors import InputError, NonCompliant
-from scoreboard.history import load_history
+from scoreboard.history.held import load_history
 from scoreboard.lockfile import load_lock
-from scoreboard.receipt import parse_receipt, utc_now
-from scoreboard.records import rechain, record_round, resume_round, write_receipt
+from scoreboard.history.receipt import parse_receipt, utc_now
+from scoreboard.history.records import rechain, record_round, resume_round, write_receipt
 from scoreboard.tiers import verdict_from_receipt
-from scoreboard.verify import verify
+from scoreboard.history.verify import verify
 
 _n = iter(range(1, 10_000))
 
@@ -129,7 +129,7 @@ def test_a_seal_that_does_not_verify_is_refused(env):
     raw = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
     rec.path.write_bytes(raw)
     lines = [json.loads(x) for x in (rounds / "ledger.jsonl").read_bytes().splitlines()]
-    from scoreboard.seal import sha256_hex
+    from scoreboard.history.seal import sha256_hex
 
     lines[0]["receipt_sha256"] = sha256_hex(raw)
     out, prev = [], ""
@@ -310,7 +310,7 @@ def test_rechain_rebuilds_the_lock_too_and_reports_what_it_cannot_prove(env):
     assert rechain(rounds, lock).appended == []  # idempotent
     # a receipt sealed after a line that no receipt can rebuild stays off, and is named
     stray = make_receipt(is_main=False, label="none", **rid())
-    from scoreboard.records import _seal_and_write
+    from scoreboard.history.records import _seal_and_write
 
     p, _, _ = _seal_and_write(stray, rounds, "ab" * 32, None)
     out = rechain(rounds, lock)

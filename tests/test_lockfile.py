@@ -8,7 +8,7 @@ import pytest
 
 from scoreboard.errors import LockError
 from scoreboard.lockfile import load_lock, parse_lock, set_slot, update_lock
-from scoreboard.slots import ctx_axis, quant_axis, slot_name
+from scoreboard.history.slots import ctx_axis, quant_axis, slot_name
 
 GOOD = '''\
 schema = 1  # keep me

@@ -24,7 +24,7 @@ from scoreboard.errors import InputError
 from scoreboard.lockfile import load_lock
 from scoreboard.round import ready
 from scoreboard.round.run import RoundOptions, UnsealedReceipt, run_round
-from scoreboard.seal import generate_keypair
+from scoreboard.history.seal import generate_keypair
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,6 +181,6 @@ def test_a_seal_that_fails_after_the_speed_stage_keeps_the_complete_receipt(lock
     assert kept["round_id"] == path.stem and kept["verdict"]["label"] and kept.get("seal") is None
     assert kept["speed"]["metrics"][0]["arms"]["candidate"]["blocks"]  # the measurements themselves
     assert sorted(p.name for p in (tmp_path / "rounds").iterdir()) == ["unsealed"]  # no receipt, no ledger line
-    from scoreboard.records import receipt_files
+    from scoreboard.history.records import receipt_files
 
     assert receipt_files(tmp_path / "rounds") == []

@@ -18,15 +18,15 @@ import pytest
 import tomlkit
 
 from receipt_factory import zero_slots
-from scoreboard.distributed import launch_command, rank_problems, visible_devices
+from scoreboard.worker.distributed import launch_command, rank_problems, visible_devices
 from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.errors import EngineError
 from scoreboard.lockfile import LockError, load_lock, parse_lock
 from scoreboard.round.candidate import HARNESS_ROOT
 from scoreboard.round.run import RoundOptions, run_round
-from scoreboard.round.workers import run_worker
-from scoreboard.timing import SessionPlan, run_session
-from scoreboard.verify import verify as verify_all
+from scoreboard.round.launch import run_worker
+from scoreboard.round.clock import SessionPlan, run_session
+from scoreboard.history.verify import verify as verify_all
 from scoreboard.weights.verify import default_cache, ensure_generated
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from receipt_factory import TARGET, make_receipt
 
 from scoreboard.errors import InputError
-from scoreboard.ledger import LedgerEntry, chain_problems
-from scoreboard.receipt import (
+from scoreboard.history.ledger import LedgerEntry, chain_problems
+from scoreboard.history.receipt import (
     FORMAT_VERSION, add_provenance, arm_value, new_round_id, normalize, parse_receipt, validation_problems,
 )
-from scoreboard.records import file_bytes
-from scoreboard.seal import canonical_bytes, changed_fields, check_seal, seal_sha256, sha256_hex
+from scoreboard.history.records import file_bytes
+from scoreboard.history.seal import canonical_bytes, changed_fields, check_seal, seal_sha256, sha256_hex
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_SEAL = "a0f32451536d16871fa85ae16927600152007cf7c8c8dd8e8587ea8fb74b758f"
@@ -135,7 +135,7 @@ def test_new_round_id_shape():
 
 def test_field_digests_name_the_edited_field():
     r = normalize(make_receipt())
-    from scoreboard.seal import field_digests
+    from scoreboard.history.seal import field_digests
 
     digests = field_digests(r)
     r["verdict"]["label"] = "XL"

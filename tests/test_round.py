@@ -23,7 +23,7 @@ from calibration_fixtures import seed_calibration
 from receipt_factory import zero_slots
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
-from scoreboard.verify import verify as verify_all
+from scoreboard.history.verify import verify as verify_all
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent

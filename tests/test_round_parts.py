@@ -13,7 +13,7 @@ from scoreboard.round.candidate import import_root, resolve
 from scoreboard.round.prompt import draw_prompt
 from scoreboard.round.schedule import balanced_schedule
 from scoreboard.round.stages import SHORT_UBATCH, padded
-from scoreboard.round.workers import SECRET_ENV, worker_env
+from scoreboard.round.launch import SECRET_ENV, worker_env
 
 
 def test_schedule_is_balanced_seeded_and_not_reference_first():

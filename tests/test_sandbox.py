@@ -18,13 +18,13 @@ from calibration_fixtures import seed_calibration
 from sandbox_fixtures import TARGET, commit_files, git, hostile_files, make_repo, processes_naming, small_lock
 from scoreboard.engine import EngineTarget, Geometry
 from scoreboard.errors import EngineError, InputError, LockError
-from scoreboard.frontier import ineligible
+from scoreboard.history.frontier import ineligible
 from scoreboard.lockfile import parse_lock
 from scoreboard.round import candidate as cand
 from scoreboard.round import sandbox
 from scoreboard.round.candidate import HARNESS_ROOT
 from scoreboard.round.run import RoundOptions, run_round
-from scoreboard.round.workers import run_worker
+from scoreboard.round.launch import run_worker
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -212,7 +212,7 @@ def test_ctrl_c_during_a_launch_leaves_no_scratch_and_no_process(probe_root, tmp
         tempfile.tempdir = {str(base)!r}
         from pathlib import Path
         from scoreboard.engine import EngineTarget, Geometry
-        from scoreboard.round.workers import run_worker
+        from scoreboard.round.launch import run_worker
         t = EngineTarget("probe", Path("/nonexistent.gguf"), (), "cpu", Geometry(256, 64, 64, 1), options={{"sleep": 600}})
         print("start", flush=True)
         run_worker("sparkinfer", Path({str(probe_root)!r}), t, Path({str(tmp_path / 'cache')!r}), "logits",

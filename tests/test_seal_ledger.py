@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from receipt_factory import make_receipt
 
-from scoreboard import ledger
+from scoreboard.history import ledger
 from scoreboard.errors import InputError, NonCompliant
-from scoreboard.records import read_receipt, receipt_files, write_receipt
-from scoreboard.seal import (
+from scoreboard.history.records import read_receipt, receipt_files, write_receipt
+from scoreboard.history.seal import (
     check_seal, check_signature, generate_keypair, load_private_key, load_public_key, seal_sha256, sha256_hex,
     verify_sealed,
 )

@@ -20,7 +20,7 @@ from scoreboard.errors import EngineError
 from scoreboard.gate import gate_positions, grade_depth
 from scoreboard.lockfile import load_lock
 from scoreboard.round.prompt import draw_prompt
-from scoreboard.timing import in_process_reps
+from scoreboard.round.clock import in_process_reps
 from scoreboard.weights.generate import generate
 from scoreboard.weights.tokenizer import Tokenizer
 

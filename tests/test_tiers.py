@@ -371,7 +371,7 @@ def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 def _sealed(r: dict) -> dict:
     """`tier --receipt` scores only sealed receipts: seal the golden case as a round would."""
-    from scoreboard.seal import make_seal
+    from scoreboard.history.seal import make_seal
 
     return {**r, "seal": make_seal(r, "")}
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from receipt_factory import SCORED_SLOT, lock_with_test_target, make_receipt
 
-from scoreboard import ledger
+from scoreboard.history import ledger
 from scoreboard.lockfile import set_slot, update_lock
-from scoreboard.records import _seal_and_write, record_round
-from scoreboard.seal import generate_keypair
+from scoreboard.history.records import _seal_and_write, record_round
+from scoreboard.history.seal import generate_keypair
 
 REPO = Path(__file__).resolve().parent.parent
 

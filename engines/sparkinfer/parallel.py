@@ -18,7 +18,7 @@ The model subclasses :class:`~engines.sparkinfer.model.K3Model` and overrides on
 other line of the forward, and the engine's prefill/decode code paths (engine.SparkInferEngine's
 logits/begin/step on a :class:`~engines.sparkinfer.engine.Loaded` handle), are the single-process ones.
 
-Driving it: in a round, the harness launches the ranks (torchrun, scoreboard.distributed) and
+Driving it: in a round, the harness launches the ranks (torchrun, scoreboard.worker.distributed) and
 ``SparkInferEngine.prepare`` calls :func:`prepare_rank` when the target has ``ranks > 1``. Outside the
 harness (tests, bench scripts), :func:`run_parallel` launches ``world`` ranks (launch.py) that each run
 :func:`run_job`; rank 0 returns one dict (identity, ownership table, logits, greedy tokens, timed reps,
@@ -39,10 +39,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from scoreboard.distributed import RankGroup
+from scoreboard.worker.distributed import RankGroup
 from scoreboard.engine import EngineTarget, LogitsRequest, Prepared, Workload
 from scoreboard.errors import EngineError, InputError
-from scoreboard.timing import in_process_reps
+from scoreboard.round.clock import in_process_reps
 
 from .engine import (
     DTYPES,
@@ -404,7 +404,7 @@ class ParallelJob:
 
 def run_job(rank: int, world: int, job: ParallelJob) -> dict[str, Any]:
     """On every rank: prepare, then the job's parts in order; rank 0's dict is what the launcher returns.
-    Agreement, fingerprints and the clock are the harness's own (scoreboard.distributed, scoreboard.timing)."""
+    Agreement, fingerprints and the clock are the harness's own (scoreboard.worker.distributed, scoreboard.round.clock)."""
     engine = SparkInferEngine()
     group = RankGroup.current(job.target.device)
     prep = prepare_rank(job.target)

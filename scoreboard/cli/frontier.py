@@ -7,10 +7,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import frontier as fr
+from ..history import frontier as fr
 from ..lockfile import load_lock
 from ..errors import NonCompliant
-from ..records import rechain, resume_round
+from ..history.records import rechain, resume_round
 from .console import console, print_json
 
 app = typer.Typer(help="Frontier and baseline slots: show them, lower one (logged), finish an interrupted round.",

@@ -181,7 +181,7 @@ def show_cmd(
             raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else
                              f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
         path = matches[0]
-    from ..receipt import parse_receipt
+    from ..history.receipt import parse_receipt
     from .sealed import load_sealed_receipt
 
     data = load_sealed_receipt(path)  # the seal before anything is rendered: exit 2 when edited/unsealed

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, NonCompliant
-from ..seal import check_seal, check_signature
+from ..history.seal import check_seal, check_signature
 
 
 def read_json_receipt(path: Path) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def require_sealed(data: dict[str, Any], path: Path | str) -> None:
 
 def load_sealed_receipt(path: Path) -> dict[str, Any]:
     """Read, check the format's major version (exit 1), then the seal (exit 2)."""
-    from ..receipt import check_format_version
+    from ..history.receipt import check_format_version
 
     data = read_json_receipt(path)
     try:

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from ..errors import NonCompliant
-from ..seal import PUBLIC_KEY_ENV
-from ..verify import verify
+from ..history.seal import PUBLIC_KEY_ENV
+from ..history.verify import verify
 from .console import console, print_json
 
 

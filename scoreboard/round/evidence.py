@@ -57,8 +57,8 @@ def verified_receipts_newest_first(rounds_dir: Path):
 
     One small reader so that the round's verified-history object can replace it: it yields (line, receipt).
     """
-    from ..ledger import read_entries
-    from ..seal import check_seal, check_signature, sha256_hex
+    from ..history.ledger import read_entries
+    from ..history.seal import check_seal, check_signature, sha256_hex
 
     rounds_dir = Path(rounds_dir)
     if not rounds_dir.is_dir():

@@ -44,8 +44,8 @@ def check_signing(rounds_dir: Path) -> dict[str, Any]:
         raise InputError(f"the signing library cannot be imported ({exc}): every round seals its receipt with "
                          "`cryptography`, so this round would lose what it measured at the end",
                          f"install it into this Python: `{sys.executable} -m pip install 'cryptography>=41'`") from None
-    from ..records import _forbidden_roots
-    from ..seal import SIGNING_KEY_ENV, load_private_key
+    from ..history.records import _forbidden_roots
+    from ..history.seal import SIGNING_KEY_ENV, load_private_key
 
     try:
         key = load_private_key(None, _forbidden_roots(rounds_dir))
@@ -142,7 +142,7 @@ def probe_worker_imports(python: list[str], env: Mapping[str, str], modules: lis
 
 def worker_launch(import_root: Path, extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """(python command prefix, environment) a worker of this import root is started with."""
-    from .workers import worker_env
+    from .launch import worker_env
 
     return [sys.executable], worker_env(import_root, extra_env)
 

@@ -1,7 +1,7 @@
 """The round, in order: load lock -> history -> preflight -> gate -> speed -> verdict -> seal -> frontier.
 
 History (ratchet basis, frontier slots and their commits, ledger tip) is read and verified before any
-candidate code runs; a broken history refuses the round with nothing written (scoreboard/history.py).
+candidate code runs; a broken history refuses the round with nothing written (scoreboard/history/held.py).
 
 Every round that gets past loading the lock produces a receipt (REJECT, inconclusive and aborted
 ones too). Ctrl-C propagates and leaves nothing written. No printing here: progress goes through the
@@ -19,9 +19,9 @@ from typing import Any, Callable
 from .. import environment
 from ..engine import EngineTarget, Geometry
 from ..errors import InputError, ScoreboardError, TransientError
-from ..history import History, load_history
+from ..history.held import History, load_history
 from ..lockfile import Lock, Target, lock_digest, load_lock
-from ..receipt import FORMAT_VERSION, new_round_id, utc_now
+from ..history.receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
 from . import ready, sandbox
 from .stages import GateStage, PreflightResult, SpeedStage, preflight
@@ -161,7 +161,7 @@ class Round:
         """Both sides' GPUs: CUDA_VISIBLE_DEVICES = the first parallel.ranks devices (cuda targets only)."""
         if self.target.device != "cuda":
             return {}
-        from ..distributed import visible_devices
+        from ..worker.distributed import visible_devices
 
         return {"CUDA_VISIBLE_DEVICES": visible_devices(self.target.parallel.ranks)}
 
@@ -378,7 +378,7 @@ def _fill_sides(rnd: Round) -> None:
 
 
 def _finish(rnd: Round) -> RoundOutcome:
-    from ..records import write_receipt
+    from ..history.records import write_receipt
 
     r = rnd.receipt
     _fill_sides(rnd)
@@ -402,7 +402,7 @@ def _finish(rnd: Round) -> RoundOutcome:
             raise UnsealedReceipt(f"sealing failed: {cause}; the complete unsealed receipt is saved at {saved}",
                                   saved, getattr(exc, "hint", None)) from exc
         if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
-            from ..frontier import raise_frontier
+            from ..history.frontier import raise_frontier
 
             change = raise_frontier(rnd.opts.lock_path, path, rnd.opts.rounds_dir)
     return RoundOutcome(r, path, _exit_code(r), change)

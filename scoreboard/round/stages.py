@@ -12,12 +12,12 @@ from .. import environment, registry
 from ..engine import Engine, LogitsRequest, Prepared, Workload
 from ..errors import EngineError, InputError
 from ..gate import GateResult, gate_positions, grade_depth
-from ..timing import SessionPlan, run_session
+from .clock import SessionPlan, run_session
 from .candidate import import_root
 from .prompt import Prompt, draw_prompt
 from .reveal import Variants, block_order, metric_variants
 from .schedule import balanced_schedule
-from .workers import run_worker
+from .launch import run_worker
 
 if TYPE_CHECKING:
     from .run import Round
@@ -218,7 +218,7 @@ class GateStage:
 
     def check_ranks(self, fps: list[dict[str, Any]]) -> None:
         """Every rank's fingerprint: recorded (first launch), checked against the node class (every launch)."""
-        from ..distributed import rank_problems
+        from ..worker.distributed import rank_problems
 
         rnd, t = self.rnd, self.rnd.target
         node = rnd.lock.nodes[t.node]
@@ -469,7 +469,7 @@ class SpeedStage:
 
     def null_handshake(self) -> dict[str, Any]:
         """The harness's null engine through the same launch and handshake: what a rep costs with no work."""
-        from ..nullengine import NAME, expected_output
+        from ..worker.nullengine import NAME, expected_output
 
         rnd = self.rnd
         var = next((v for v in self.gate.variants if v.workload.phase == "decode"), self.gate.variants[0])

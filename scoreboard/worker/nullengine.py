@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, LogitsResult, Prepared, Workload
+from ..engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, LogitsResult, Prepared, Workload
 
 NAME = "scoreboard-null"
 
@@ -27,7 +27,7 @@ class NullEngine(Engine):
     max_ranks = 1024
 
     def describe(self, target: EngineTarget) -> EngineIdentity:
-        return EngineIdentity(engine=NAME, version="1", source={"package": "scoreboard.nullengine"},
+        return EngineIdentity(engine=NAME, version="1", source={"package": "scoreboard.worker.nullengine"},
                               device=target.device)
 
     def prepare(self, target: EngineTarget, cache_dir: Path, progress: Any = None) -> Prepared:

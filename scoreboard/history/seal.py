@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .errors import InputError, NonCompliant
+from ..errors import InputError, NonCompliant
 
 SIGNING_KEY_ENV = "SCOREBOARD_SIGNING_KEY"  # path of a PEM (PKCS#8) Ed25519 private key
 PUBLIC_KEY_ENV = "SCOREBOARD_PUBLIC_KEY"  # path of a PEM (SubjectPublicKeyInfo) Ed25519 public key
@@ -194,7 +194,7 @@ def load_private_key(path: str | os.PathLike[str] | None = None, forbidden_roots
     p = Path(raw)
     check_key_location(p, forbidden_roots)
     if not p.is_file():
-        raise InputError(f"{p}: signing key not found", f"create one with scoreboard.seal.generate_keypair or unset "
+        raise InputError(f"{p}: signing key not found", f"create one with scoreboard.history.seal.generate_keypair or unset "
                                                         f"{SIGNING_KEY_ENV}")
     if os.name == "posix" and p.stat().st_mode & 0o077:
         raise InputError(f"{p}: signing key is readable by group/others", f"chmod 600 {p}")

@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import InputError
+from ..errors import InputError
 
 FORMAT_VERSION = "1.1"
 FORMAT_MAJOR = 1
@@ -369,7 +369,7 @@ def rep_throughputs(block: Mapping[str, Any]) -> list[float]:
 def arm_value(metric: Mapping[str, Any], arm: str) -> float:
     """The arm's value (tok/s): geometric mean over blocks of the per-block median rep throughput —
     the same estimator the verdict uses (scoreboard.stats.arm_stats().value)."""
-    from .stats import block_value, geometric_mean
+    from ..stats import block_value, geometric_mean
 
     blocks = metric["arms"][arm]["blocks"]
     return geometric_mean([block_value(b["samples_ns"], b["n_tokens"]) for b in blocks])

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from ..engine import EngineTarget
 from ..errors import EngineError, TransientError
-from ..distributed import launch_command
-from ..handshake import ParentChannel, make_fifos
-from ..worker import pid_path, result_path, target_to_dict
+from ..worker.distributed import launch_command
+from ..worker.handshake import ParentChannel, make_fifos
+from ..worker.serve import pid_path, result_path, target_to_dict
 from . import sandbox
 from .candidate import HARNESS_ROOT
 
@@ -47,7 +47,7 @@ def worker_env(import_root: Path, extra: dict[str, str] | None = None) -> dict[s
 
 
 def worker_command(world: int, request: Path, result: Path) -> list[str]:
-    """One fresh worker process, or `world` ranks of it under torchrun (scoreboard.distributed)."""
+    """One fresh worker process, or `world` ranks of it under torchrun (scoreboard.worker.distributed)."""
     args = [str(request), str(result)]
     if world == 1:
         return [sys.executable, "-m", "scoreboard.worker", *args]

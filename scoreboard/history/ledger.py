@@ -17,8 +17,8 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import InputError, NonCompliant
-from .lockfile import atomic_write_text
+from ..errors import InputError, NonCompliant
+from ..lockfile import atomic_write_text
 from .seal import canonical_bytes, sha256_hex
 
 LEDGER_NAME = "ledger.jsonl"

@@ -3,10 +3,10 @@
 The parent (the round) writes a request, starts this module in a new process whose import path
 puts the candidate's `engines/` first and the harness's own `scoreboard` second, and reads the
 result file (never the worker's stdout). No time is taken here: for op "timed" the worker follows the
-clock handshake (scoreboard.handshake) over the FIFOs beside its request, and the parent's clock makes
-the samples (scoreboard.timing). Anything in this process can be replaced by the candidate's code.
+clock handshake (scoreboard.worker.handshake) over the FIFOs beside its request, and the parent's clock makes
+the samples (scoreboard.round.clock). Anything in this process can be replaced by the candidate's code.
 
-Launched as W ranks by torchrun (a target with parallel.ranks = W, scoreboard.distributed), every rank
+Launched as W ranks by torchrun (a target with parallel.ranks = W, scoreboard.worker.distributed), every rank
 joins the process group the harness sets up, then runs the same op. Rank 0 writes RESULT.json, rank r
 RESULT.rank{r}.json (its outcome), and every rank RESULT.rank{r}.pid when it starts, so that the parent
 can name the rank that failed first and make sure no rank outlives the launch. In a timed session only
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from . import registry
+from .. import registry
 from .distributed import RankGroup, launched_rank, launched_world
-from .engine import EngineTarget, Geometry, LogitsRequest, Workload
-from .errors import EngineError, ScoreboardError, TransientError
+from ..engine import EngineTarget, Geometry, LogitsRequest, Workload
+from ..errors import EngineError, ScoreboardError, TransientError
 from .handshake import WorkerChannel
 
 
@@ -220,6 +220,3 @@ def main(argv: list[str]) -> int:
     _write(result_path(res_path, rank), body)
     return 0 if body["ok"] else 3
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import EngineError
+from ..errors import EngineError
 
 PROTOCOL = "scoreboard-clock/1"
 TO_WORKER = "clock.to-worker"

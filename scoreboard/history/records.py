@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from . import frontier, ledger
-from .errors import InputError, NonCompliant
+from ..errors import InputError, NonCompliant
 from .ledger import LedgerEntry, SlotChange
 from .receipt import normalize, parse_receipt, scored_metric
 from .seal import load_private_key, make_seal, sha256_hex
@@ -271,7 +271,7 @@ def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
     edit) stay off the ledger and are reported. The lock is written only to values some ledger line
     set; a slot the ledger never held is left alone for `scoreboard verify` to report.
     """
-    from .lockfile import load_lock
+    from ..lockfile import load_lock
 
     rounds = Path(rounds_dir)
     out = Rechained()
@@ -345,7 +345,7 @@ def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
 def _lock_to_ledger(lock_path: Path, rounds: Path) -> list[SlotChange]:
     """Write each slot the lock holds at a value the ledger had earlier (stale) to the ledger's last
     value for it, with that line's provenance. Called with the rounds/ lock held."""
-    from .lockfile import load_lock
+    from ..lockfile import load_lock
 
     entries = ledger.read_entries(rounds)
     history: dict[str, set[float]] = {}

@@ -8,7 +8,7 @@ process group. The harness, not the engine, does the parts a result depends on:
   harness's worker module (:mod:`scoreboard.worker`) W times: :func:`launch_command`;
 * the process group — NCCL on cuda with ``torch.cuda.set_device(LOCAL_RANK)`` (one GPU per rank), gloo
   on cpu, with the round's timeout on every collective: :meth:`RankGroup.from_env`;
-* the clock — the parent's ``perf_counter_ns`` around the handshake with rank 0 (:mod:`scoreboard.timing`):
+* the clock — the parent's ``perf_counter_ns`` around the handshake with rank 0 (:mod:`scoreboard.round.clock`):
   every rank begins, a barrier, rank 0 says ready, the reveal is broadcast, every rank steps, and rank 0
   answers only after the ranks agreed on the output, so the sample ends after the slowest rank finished;
 * agreement — identity, logits, greedy tokens and timed tokens must be the same on every rank;
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .errors import EngineError
-from .lockfile import ParallelPolicy
+from ..errors import EngineError
+from ..lockfile import ParallelPolicy
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -145,7 +145,7 @@ class RankGroup:
 
     def fingerprints(self) -> list[dict[str, Any]]:
         """scoreboard.environment.fingerprint() of every rank, plus its rank, pid, backend and device."""
-        from .environment import fingerprint
+        from ..environment import fingerprint
 
         fp = fingerprint()
         fp["rank"] = {"rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "backend": self.backend,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from . import frontier, ledger
-from .errors import InputError, LockError, NonCompliant
+from ..errors import InputError, LockError, NonCompliant
 from .ledger import LedgerEntry
-from .lockfile import Lock, load_lock
+from ..lockfile import Lock, load_lock
 from .receipt import scored_metric, validation_problems
 from .records import receipt_files
 from .seal import check_seal, check_signature, load_public_key, sha256_hex
@@ -218,7 +218,7 @@ def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: 
 
 def _check_calibrations(ctx: _Ctx, rounds: Path, trusted: Any, recs: dict[str, _Rec]) -> None:
     """The calibration chain, every sealed record, and every receipt's reference to one."""
-    from .calibrate import verify_problems
+    from ..calibrate import verify_problems
 
     n, problems = verify_problems(rounds, trusted, {rid: rec.data for rid, rec in recs.items()})
     ctx.report.calibrations = n

@@ -8,7 +8,7 @@ functions, patching ``time``, threads — reaches the readings taken here. Per t
             -> the output's complete line arrived -> t1 = perf_counter_ns()
 
 ``t1 - t0`` is the sample. It includes the handshake's own round trip, which every round measures with the
-harness's null engine (scoreboard.nullengine) and records beside the samples.
+harness's null engine (scoreboard.worker.nullengine) and records beside the samples.
 
 :func:`in_process_reps` is the same begin/reveal/step order inside one process, for the executable
 contract and bench scripts; a round never uses it as a measurement.
@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .engine import Engine, Prepared, Rep, Workload
-from .errors import EngineError
-from .handshake import ParentChannel, decode, encode
+from ..engine import Engine, Prepared, Rep, Workload
+from ..errors import EngineError
+from ..worker.handshake import ParentChannel, decode, encode
 
 Clock = Callable[[], int]
 

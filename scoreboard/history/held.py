@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import ledger
-from .errors import InputError, NonCompliant
+from ..errors import InputError, NonCompliant
 from .ledger import LedgerEntry
-from .lockfile import Lock
+from ..lockfile import Lock
 from .receipt import validation_problems
 from .seal import check_seal, check_signature, sha256_hex
 
