@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomlkit
 
-from receipt_factory import zero_slots
+from receipt_factory import shrunk_lock
 from scoreboard.errors import InputError
-from scoreboard.lockfile import load_lock
 from scoreboard.round import ready
 from scoreboard.round.run import RoundOptions, UnsealedReceipt, run_round
 from scoreboard.history.seal import generate_keypair
@@ -33,16 +31,7 @@ TARGET = "k3-mini-cpu"
 
 @pytest.fixture
 def lock(tmp_path: Path) -> Path:
-    doc = tomlkit.parse((REPO / "reference.lock").read_text())
-    t = doc["targets"][TARGET]
-    t["speed"]["blocks"] = 2
-    t["speed"]["reps"] = 1
-    zero_slots(doc)
-    p = tmp_path / "lock" / "reference.lock"
-    p.parent.mkdir()
-    p.write_text(tomlkit.dumps(doc))
-    load_lock(p)
-    return p
+    return shrunk_lock(tmp_path / "lock" / "reference.lock", TARGET, warmup_reps=None)
 
 
 def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
