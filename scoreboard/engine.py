@@ -64,7 +64,7 @@ Progress = Callable[[str, float | None], None]  # (message, fraction 0..1 or Non
 
 @dataclass(frozen=True)
 class Geometry:
-    """Batch geometry: logits depend on it (LLAMACPP.md), so it is pinned and echoed back."""
+    """Batch geometry: logits depend on it (llama.cpp ubatch 64 vs 512: up to 1e-2), so it is pinned and echoed back."""
 
     n_ctx: int
     n_batch: int

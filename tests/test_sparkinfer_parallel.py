@@ -84,7 +84,7 @@ def cfg(shards):
 
 
 def k3_config() -> K3Config:
-    """The flagship's shapes (K3.md): 93 layers (24 MLA), 7168 hidden, 896 experts x 3072 at latent 3584."""
+    """The flagship's shapes (K3's config): 93 layers (24 MLA), 7168 hidden, 896 experts x 3072 at latent 3584."""
     mla = set(range(3, 93, 4)) | {92}  # 24 MLA layers; which ones does not matter for sizes
     return K3Config(
         n_layer=93, n_embd=7168, n_vocab=163840, n_head=96, head_count_kv=tuple(int(i in mla) for i in range(93)),

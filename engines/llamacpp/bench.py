@@ -1,6 +1,6 @@
 """llama-bench driver: the reference's own clock. Builds the exact command, runs it, parses `-o json` strictly.
 
-Depth semantics (LESSONS 5): decode at depth D is ``-p 0 -n N -d D`` (D tokens really in the KV cache, filled
+Depth semantics (-p/-n is not -d): decode at depth D is ``-p 0 -n N -d D`` (D tokens really in the KV cache, filled
 untimed, then N tokens generated and timed); prefill is ``-p N -n 0 -d D``. Rates are never read from the tool
 (`avg_ts` is a mean of per-rep rates): each raw `samples_ns` entry becomes one Rep with its token count.
 llama-bench feeds random token ids, so a Rep carries no generated ids. Its own single warm-up run (default) is

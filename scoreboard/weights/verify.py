@@ -1,6 +1,6 @@
 """Weight shards against their pins: parallel sha256, size checks, and generate-if-absent for generated weights.
 
-Every shard is re-hashed (a size+mtime fingerprint is not a hash, LESSONS 8); problems are reported all
+Every shard is re-hashed (a size+mtime fingerprint is not a hash); problems are reported all
 at once, each naming its shard. hashlib releases the GIL on large updates, so threads hash in parallel.
 """
 
