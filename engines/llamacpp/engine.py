@@ -30,19 +30,11 @@ from scoreboard.engine import (
     Rep,
     Workload,
 )
+from scoreboard.cache import cache_dir
 from scoreboard.errors import EngineError, InputError
 from scoreboard.lockfile import GitReference, SdistReference
 
 from . import bench, build, logits, source
-
-CACHE_ENV = "SCOREBOARD_CACHE"
-
-
-def default_cache_dir() -> Path:
-    """$SCOREBOARD_CACHE, else ~/.cache/scoreboard."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "scoreboard"
-
 
 def prepare_build(reference: GitReference | SdistReference, cache_dir: Path, device: str = "cpu",
                   ref_id: str = "<id>", progress: Progress | None = None,
@@ -155,7 +147,7 @@ class LlamaCppEngine(Engine):
     def describe(self, target: EngineTarget) -> EngineIdentity:
         """Source pin, flags, compiler, device; binary hashes when a good build of this plan is cached."""
         plan = self._plan(target)
-        cache = Path(target.options["cache_dir"]) if target.options.get("cache_dir") else default_cache_dir()
+        cache = cache_dir(target.options.get("cache_dir"))
         return self._identity(plan, build.cached_build(plan, cache), run_settings(target))
 
     def prepare(self, target: EngineTarget, cache_dir: Path, progress: Progress | None = None) -> Prepared:

@@ -10,6 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..cache import cache_dir
 from ..errors import InputError
 from .console import console, err_console, print_json
 
@@ -19,7 +20,7 @@ DEFAULT_TARGET = "k3-mini-cpu"
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("SCOREBOARD_CACHE", Path.home() / ".cache" / "scoreboard"))
+    return cache_dir()
 
 
 class RichReporter:
