@@ -28,8 +28,8 @@ from typing import Any
 
 import git
 
+from scoreboard.engine import GitReference, SdistReference
 from scoreboard.errors import EngineError, InputError, PinError, TransientError
-from scoreboard.lockfile import GitReference, SdistReference
 
 Progress = Callable[[str, "float | None"], None]
 PIP_ARGS_ENV = "SCOREBOARD_PIP_ARGS"  # extra pip arguments, e.g. "--no-index --find-links DIR" (tests, mirrors)
@@ -93,8 +93,8 @@ LS_REMOTE_TIMEOUT_S = 120.0
 def ls_remote(url: str, ref: str, ref_id: str = "<id>") -> str | None:
     """The SHA `ref` points at on `url`, or None when the ref does not exist there (the same resolution
     the pin audit uses: scoreboard.pins.git.ls_remote)."""
-    from scoreboard.pins.git import GitUnavailable
-    from scoreboard.pins.git import ls_remote as resolve
+    from scoreboard.engine import GitUnavailable
+    from scoreboard.engine import ls_remote as resolve
 
     try:
         return resolve(url, ref, LS_REMOTE_TIMEOUT_S)

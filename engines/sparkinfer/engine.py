@@ -94,7 +94,7 @@ class PrefillState:
 
 def checked_config(target: EngineTarget) -> Any:
     """The model's K3Config through the project's config checks (never defaulted), every shard present."""
-    from scoreboard.models.k3 import load_k3_config
+    from scoreboard.engine import load_k3_config
 
     try:
         cfg = load_k3_config(Path(target.model_path))

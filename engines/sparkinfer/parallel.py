@@ -236,8 +236,7 @@ def plan_fit(lock: Any, target_id: str, plan: ShardPlan, tensor_shapes: dict[str
     """scoreboard.fit's budget for the target with the weights line priced by this plan: the largest
     rank's band plus the replicated tensors (ranks = plan.world). On a CPU target the ranks share the
     host, so each gets host RAM / world unless `usable_gib` says otherwise."""
-    from scoreboard.environment import ram_gib
-    from scoreboard.fit import GIB, fit_budget, price_weights
+    from scoreboard.engine import GIB, fit_budget, price_weights, ram_gib
 
     target = lock.target(target_id)
     if usable_gib is None and target.device == "cpu":
