@@ -140,8 +140,8 @@ def detect_usable(node, device: str, node_id: str = "") -> tuple[int, float, str
     if device == "cpu":
         ram = ram_gib()
         return 1, ram, "host RAM, /proc/meminfo" if ram else "unknown"
-    gpus = gpus()
-    devs = [d for d in gpus.get("devices", []) if d.get("memory_mib")]
+    found = gpus()
+    devs = [d for d in found.get("devices", []) if d.get("memory_mib")]
     if devs:
         return len(devs), min(d["memory_mib"] for d in devs) / 1024.0, f"nvidia-smi memory.total, {len(devs)} device(s)"
     return node.gpu_count, node.gpu_memory_gib, f"node class {node_id or '?'} (no GPU visible)"

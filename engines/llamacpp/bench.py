@@ -112,7 +112,7 @@ def run_bench(llama_bench: Path, model: Path, workload: Workload, geometry: Geom
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s, env=settings.env(),
                               cwd=llama_bench.parent, check=False)
     except subprocess.TimeoutExpired as exc:
-        log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")
+        log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")  # type: ignore[str-bytes-safe]
         raise EngineError(f"llama-bench timed out after {timeout_s} s; log: {log}",
                           "raise speed.timeout_s or check the box") from None
     log.write_text(f"$ {shlex.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n"

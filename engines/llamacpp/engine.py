@@ -117,7 +117,7 @@ class LlamaCppEngine(Engine):
     def _identity(self, plan: build.BuildPlan, manifest: dict[str, Any] | None,
                   settings: bench.RunSettings) -> EngineIdentity:
         ref = plan.reference
-        src = dict(ref.identity())
+        src: dict[str, Any] = dict(ref.identity())
         if isinstance(ref, SdistReference) and ref.upstream:
             src["upstream"] = ref.upstream
         if ref.tree:  # the content pin every transport must satisfy

@@ -148,7 +148,8 @@ def check_git_pin(reference: GitReference, cache_dir: Path, ref_id: str = "<id>"
                            f"fetched (new) {fetched}", _repin_hint(ref_id, "commit"))
         mirror.git.update_ref(f"refs/scoreboard/pins/{pinned}", pinned)
     base = reference.base_commit
-    if not _has_commit(mirror, base) or not mirror.is_ancestor(base, pinned):
+    # is_ancestor's stubs want Commit objects; git itself takes any rev
+    if not _has_commit(mirror, base) or not mirror.is_ancestor(base, pinned):  # type: ignore[arg-type]
         raise PinError(f"references.{ref_id}: base_commit {base} is not an ancestor of {pinned} ({ref} at {url})",
                        _repin_hint(ref_id, "base_commit"))
     return mirror

@@ -224,7 +224,8 @@ class K3Model:
         if out_rows is None:
             return None
         if use_res:  # per token, so narrow to the output rows first
-            x = self._res_mix(x[out_rows], None if bank is None else bank[out_rows], self.w.output_res_score)
+            score = self.w.output_res_score  # use_res: the model has one
+            x = self._res_mix(x[out_rows], None if bank is None else bank[out_rows], score)  # type: ignore[arg-type]
         else:
             x = x[out_rows]
         x = rms_norm(x, self.w.output_norm, c.rms_norm_eps)
@@ -379,10 +380,10 @@ class K3Model:
             if (lo, hi) == (0, c.n_expert):  # all held: static shapes (a CUDA graph can capture it)
                 return self._decode_experts(lw, xin, sel[0], wts[0])
             mine = (sel[0] >= lo) & (sel[0] < hi)  # [k]; the count held is data-dependent, 0..k
-            e = sel[0][mine] - lo  # [m] local indices
-            if int(e.shape[0]) == 0:
+            local = sel[0][mine] - lo  # [m] local indices
+            if int(local.shape[0]) == 0:
                 return torch.zeros(1, xin.shape[1], device=xin.device)
-            return self._decode_experts(lw, xin, e, wts[0][mine])
+            return self._decode_experts(lw, xin, local, wts[0][mine])
         out = torch.zeros(t, xin.shape[1], device=xin.device)
         flat = sel.reshape(-1)  # [T*k]
         order = torch.argsort(flat, stable=True)

@@ -46,7 +46,7 @@ def ls_remote(url: str, ref: str, timeout: float) -> str | None:
     except git.GitCommandError as exc:
         raise GitUnavailable(f"`git ls-remote {url} {ref}` failed: {_why(exc)}") from exc
     found: dict[str, str] = {}
-    for line in out.splitlines():
+    for line in str(out).splitlines():
         sha, _, name = line.partition("\t")
         if name.endswith("^{}"):
             found[name[:-3] + "^{}"] = sha  # peeled annotated tag: the commit it points at
