@@ -112,7 +112,7 @@ def report(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engines.llamacpp.engine import default_cache_dir
+    from scoreboard.cache import cache_dir
     from engines.sparkinfer.faults import GATE_FAULTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_options = {} if a.flash_attn is None else {"flash_attn": a.flash_attn}
     results = []
     for shards in models:
-        res = compare(shards, a.target, lock, a.n_tokens, a.seed, a.cache_dir or default_cache_dir(), faults,
+        res = compare(shards, a.target, lock, a.n_tokens, a.seed, cache_dir(a.cache_dir), faults,
                       ref_options)
         report(res)
         results.append(res)

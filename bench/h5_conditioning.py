@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scoreboard import registry  # noqa: E402
+from scoreboard.cache import cache_dir  # noqa: E402
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest  # noqa: E402
 from scoreboard.gate import gate_positions, kl_rows, top1_agreement  # noqa: E402
 from scoreboard.models.k3 import shard_paths  # noqa: E402
@@ -246,7 +247,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-git", type=Path)
     ap.add_argument("--llama-commit")
     ap.add_argument("--llama-lock", action="store_true", help="reference: the lock's pinned sdist (where pip works)")
-    ap.add_argument("--cache", default=str(Path.home() / ".cache" / "scoreboard"))
+    ap.add_argument("--cache", type=cache_dir, default=cache_dir())
     ap.add_argument("--models", type=Path, default=Path("/tmp/h5-models"))
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="all models together: stop starting seeds after this (shared equally, in order)")

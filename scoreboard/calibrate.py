@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .history import ledger
+from .cache import cache_dir as default_cache_dir
 from .errors import InputError, NonCompliant
 from .lockfile import GatePolicy, Lock, Target, atomic_write_text, lock_digest, load_lock
 from .history.receipt import utc_now
@@ -228,7 +229,7 @@ class CalibrationOptions:
     seeds: int = DEFAULT_SEEDS
     first_seed: int | None = None  # seeds first_seed .. first_seed + seeds - 1; default: unpredictable seeds
     rounds_dir: Path = Path("rounds")
-    cache_dir: Path = Path.home() / ".cache" / "scoreboard"
+    cache_dir: Path = field(default_factory=default_cache_dir)  # explicit, else $SCOREBOARD_CACHE, else ~/.cache
     seal: bool = True
     allow_node_mismatch: bool = False
 

@@ -50,6 +50,7 @@ import abc
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -58,13 +59,59 @@ import numpy as np
 # 2 = begin() sees only the known prompt and step(prepared, state, revealed) gets the secret reveal.
 CONTRACT_VERSION = 2
 
+# The published plugin surface (docs/engines.md, "What an engine may import"): an engine imports from the harness
+# only this module and scoreboard.errors. Besides the contract's own types, this module lends the harness helpers
+# below, so an engine checks, caches and fails the way the harness does. The surface is versioned with the contract:
+# a name leaves it or changes meaning only with a CONTRACT_VERSION bump; adding one is compatible. They are loaded
+# on first use (importing the contract stays cheap and cycle-free); tests/test_engine_surface.py holds engines to it.
+LENT: dict[str, str] = {
+    "cache_dir": "scoreboard.cache",  # the harness's cache rule (explicit, $SCOREBOARD_CACHE, ~/.cache/scoreboard)
+    "GitReference": "scoreboard.lockfile",  # the pinned reference source a target carries (EngineTarget.reference)
+    "SdistReference": "scoreboard.lockfile",
+    "atomic_write_text": "scoreboard.lockfile",  # write-to-temp-then-rename
+    "ls_remote": "scoreboard.pins.git",  # resolve a git ref as the pin audit does
+    "GitUnavailable": "scoreboard.pins.git",  # ... and its "could not ask" (an error, never drift)
+    "compare_scans": "scoreboard.round.evidence",  # a build's files vs recorded hashes, in the harness's wording
+    "load_k3_config": "scoreboard.models.k3",  # a Kimi K3 GGUF's config, refusing its known traps by name
+    "GIB": "scoreboard.fit",  # bytes per GiB
+    "fit_budget": "scoreboard.fit",  # the per-rank memory budget of a target
+    "price_weights": "scoreboard.fit",  # ... with the weights line priced by the engine's own plan
+    "ram_gib": "scoreboard.environment",  # this host's RAM
+}
+
+# what an engine may import from this module: the contract's own names, then the lent helpers
+__all__ = ["CONTRACT_VERSION", "Engine", "EngineIdentity", "EngineTarget", "Geometry", "LogitsRequest",
+           "LogitsResult", "Phase", "Prepared", "Progress", "Rep", "Workload",
+           "cache_dir", "GitReference", "SdistReference", "atomic_write_text", "ls_remote", "GitUnavailable",
+           "compare_scans", "load_k3_config", "GIB", "fit_budget", "price_weights", "ram_gib"]
+
+if TYPE_CHECKING:
+    from .cache import cache_dir
+    from .environment import ram_gib
+    from .fit import GIB, fit_budget, price_weights
+    from .lockfile import GitReference, SdistReference, atomic_write_text
+    from .models.k3 import load_k3_config
+    from .pins.git import GitUnavailable, ls_remote
+    from .round.evidence import compare_scans
+
+
+def __getattr__(name: str) -> Any:
+    """A lent helper, imported from its module on first use."""
+    if name in LENT:
+        import importlib
+
+        value = getattr(importlib.import_module(LENT[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 Phase = Literal["decode", "prefill"]
 Progress = Callable[[str, float | None], None]  # (message, fraction 0..1 or None)
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """Batch geometry: logits depend on it (LLAMACPP.md), so it is pinned and echoed back."""
+    """Batch geometry: logits depend on it (llama.cpp ubatch 64 vs 512: up to 1e-2), so it is pinned and echoed back."""
 
     n_ctx: int
     n_batch: int

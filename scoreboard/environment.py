@@ -56,7 +56,7 @@ def ram_gib() -> float:
 
 
 def gpus() -> dict[str, Any]:
-    """GPUs via nvidia-smi: observed (current) clocks, not the card's maximum (LESSONS 21)."""
+    """GPUs via nvidia-smi: observed (current) clocks, not the card's maximum: the receipt records what was measured."""
     if shutil.which("nvidia-smi") is None:
         return {"count": 0, "devices": []}
     q = "name,memory.total,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit,compute_cap,pci.bus_id"

@@ -1,6 +1,6 @@
 """Per-rank memory budget of a target: weights under the sharding plan + KV + KDA state + scratch vs usable memory.
 
-Pricing (K3.md, CASE-STUDY.md §8):
+Pricing (the shapes from Kimi K3's public config):
 - weights per rank = sharded / ranks + replicated (the lock's fit plan); without a plan, every weight on
   every rank (a single-process host, or a pure replica).
 - KV cache at the target's context (geometry n_ctx: what the engine allocates), MLA latent layout as
@@ -23,7 +23,7 @@ GIB = float(1 << 30)
 
 @dataclass(frozen=True)
 class ArchNumbers:
-    """What the fit check needs of an architecture (from K3.md for the flagship, else from the GGUF header)."""
+    """What the fit check needs of an architecture (published numbers for the flagship, else from the GGUF header)."""
 
     name: str
     n_mla_layers: int
@@ -43,11 +43,11 @@ class ArchNumbers:
         return n_seq * self.n_kda_layers * per_layer * 4.0
 
 
-# Kimi K3 (K3.md): 93 layers = 24 MLA + 69 KDA; kv_lora 512, rope 64; KDA 96 heads x 128, conv kernel 4.
+# Kimi K3 (its public config): 93 layers = 24 MLA + 69 KDA; kv_lora 512, rope 64; KDA 96 heads x 128, conv kernel 4.
 KIMI_K3 = ArchNumbers("kimi-k3", n_mla_layers=24, n_kda_layers=69, kv_lora_rank=512, rope_dim=64, n_head=96,
                       kda_head_dim=128, ssm_conv_kernel=4)
 ARCHITECTURES = {"kimi-k3": KIMI_K3}
-PUBLISHED_GIB = {"UD-IQ1_S": 553.0, "UD-Q2_K_XL": 802.0}  # unsloth/Kimi-K3-GGUF sizes (K3.md)
+PUBLISHED_GIB = {"UD-IQ1_S": 553.0, "UD-Q2_K_XL": 802.0}  # unsloth/Kimi-K3-GGUF published sizes
 
 
 def arch_from_config(cfg) -> ArchNumbers:
@@ -140,8 +140,8 @@ def detect_usable(node, device: str, node_id: str = "") -> tuple[int, float, str
     if device == "cpu":
         ram = ram_gib()
         return 1, ram, "host RAM, /proc/meminfo" if ram else "unknown"
-    gpus = gpus()
-    devs = [d for d in gpus.get("devices", []) if d.get("memory_mib")]
+    found = gpus()
+    devs = [d for d in found.get("devices", []) if d.get("memory_mib")]
     if devs:
         return len(devs), min(d["memory_mib"] for d in devs) / 1024.0, f"nvidia-smi memory.total, {len(devs)} device(s)"
     return node.gpu_count, node.gpu_memory_gib, f"node class {node_id or '?'} (no GPU visible)"

@@ -263,7 +263,7 @@ def ladder_svg(steps: list[Step], title: str) -> str:
     height = head + _PANEL_H * max(len(slots), 1)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
              'font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
-             f'<rect width="100%" height="100%" fill="white"/>',
+             '<rect width="100%" height="100%" fill="white"/>',
              f'<text x="12" y="24" font-size="16" font-weight="bold">{escape(title)}</text>']
     for k, slot in enumerate(slots):
         parts.append(slot_panel_svg(slot, [s for s in steps if s.slot == slot], head + k * _PANEL_H, False))

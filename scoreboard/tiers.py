@@ -1,6 +1,6 @@
 """The verdict: one deterministic function from gate result + speed evidence + lock policy to a label.
 
-Order (SPEC step 6; thresholds come from the lock's TierPolicy, never from code):
+Order (thresholds come from the lock's TierPolicy, never from code):
   1. correctness failed (gate, or timed outputs differ from the checked run) -> REJECT, no speed numbers;
   2. a guard failed -> REJECT, `speed_label` still says what the speed would have earned;
   3. no frontier basis (<= 0) -> BASELINE;
@@ -217,7 +217,7 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     fails, guard_notes = _guard_failures(guards, policy)
     if fails and not guards_convict:
         # main against its own pinned frontier: a regression on main or a slower box. Flag it; never
-        # REJECT main for speed (a raise-only frontier would dead-lock every later round, LESSONS 3)
+        # REJECT main for speed (a raise-only frontier would dead-lock every later round)
         guard_notes = [f"warning: {f}; if real, lower it deliberately: `scoreboard frontier lower --reason ...`"
                        for f in fails] + guard_notes
         fails = []
@@ -531,7 +531,7 @@ def select_metric(t: Target, metric: str) -> Metric:
 
 
 # ----------------------------------------------------------------------------------------------
-# descriptive summary (SPEC step 5) for display and for the receipt
+# descriptive summary (median, MAD, CV, ratio CIs per arm) for display and for the receipt
 
 @dataclass(frozen=True)
 class MetricSummary:

@@ -1,4 +1,4 @@
-"""Per-rank fit check with the real Kimi K3 numbers (K3.md), and the default CPU target."""
+"""Per-rank fit check with the real Kimi K3 numbers (its public config), and the default CPU target."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Expert-parallel sparkinfer: the shard plan and its ownership check, rank-local loading, the fit priced
-by the plan, the launcher's teardown, and real gloo runs (2 and 4 CPU ranks) against the single-process
-engine and (slow) the pinned llama.cpp.
+by the plan, and real gloo runs (2 and 4 CPU ranks, launched by the harness's torchrun path) against the
+single-process engine and (slow) the pinned llama.cpp. The launcher's teardown is tests/test_parallel_round.py's.
 
 Tolerance (every parallel run vs the single-process engine, both float32 on 1 thread per process):
 max |logit diff| <= REL_TOL x max |logit| and per-row KL <= KL_TOL. Only the order of the routed-expert
@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -26,13 +24,10 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
-import torch.distributed as dist
 
 from engines.sparkinfer.engine import SparkInferEngine, greedy_decode
-from engines.sparkinfer.launch import launch
 from engines.sparkinfer.parallel import (
     Claim,
-    ParallelJob,
     ShardPlan,
     check_claims,
     check_ownership,
@@ -41,7 +36,6 @@ from engines.sparkinfer.parallel import (
     plan_experts,
     plan_fit,
     rank_cache_bytes,
-    run_parallel,
 )
 from engines.sparkinfer.weights import load_weights
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload
@@ -53,6 +47,7 @@ from scoreboard.models.k3 import K3Config, expected_tensors, load_k3_config
 from scoreboard.round.prompt import draw_prompt
 from scoreboard.weights.generate import generate
 from scoreboard.weights.tokenizer import Tokenizer
+from sparkinfer_ranks import ParallelJob, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "k3-mini-cpu"
@@ -84,7 +79,7 @@ def cfg(shards):
 
 
 def k3_config() -> K3Config:
-    """The flagship's shapes (K3.md): 93 layers (24 MLA), 7168 hidden, 896 experts x 3072 at latent 3584."""
+    """The flagship's shapes (K3's config): 93 layers (24 MLA), 7168 hidden, 896 experts x 3072 at latent 3584."""
     mla = set(range(3, 93, 4)) | {92}  # 24 MLA layers; which ones does not matter for sizes
     return K3Config(
         n_layer=93, n_embd=7168, n_vocab=163840, n_head=96, head_count_kv=tuple(int(i in mla) for i in range(93)),
@@ -229,88 +224,6 @@ def test_a_rank_loads_only_its_band_and_the_load_check_sees_what_is_resident(cfg
         check_claims(held[0] + [dataclasses.replace(c, rank=1) for c in held[0]] + held[1], cfg.tensor_shapes, 2)
 
 
-# -- the launcher: failures tear every rank down ----------------------------------------------------
-
-def _fail_on_rank_1(rank: int, world: int) -> str:
-    if rank == 1:
-        raise InputError("deliberate failure on rank 1", "fix rank 1")
-    dist.barrier()  # without teardown rank 0 would wait here for the whole process-group timeout
-    return "unreachable"
-
-
-def _die_on_rank_1(rank: int, world: int) -> str:
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    dist.barrier()
-    return "unreachable"
-
-
-def _sleep(rank: int, world: int, seconds: float) -> str:
-    time.sleep(seconds)
-    return "unreachable"
-
-
-def _rank_info(rank: int, world: int) -> dict:
-    t = torch.ones(1) * (rank + 1)
-    dist.all_reduce(t)
-    return {"sum": float(t[0]), "backend": dist.get_backend(), "env": {k: os.environ[k] for k in (
-        "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}, "threads": torch.get_num_threads()}
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def test_launch_returns_rank_0s_value_from_a_real_gloo_group():
-    out = launch(_rank_info, 2)
-    assert out["sum"] == 3.0 and out["backend"] == "gloo" and out["threads"] == 1
-    assert out["env"]["MASTER_ADDR"] == "127.0.0.1" and out["env"]["RANK"] == "0" and out["env"]["WORLD_SIZE"] == "2"
-    assert 0 < int(out["env"]["MASTER_PORT"]) < 65536
-
-
-def test_the_backend_follows_the_device_and_cuda_needs_a_gpu_per_rank():
-    from engines.sparkinfer.launch import default_backend
-
-    assert (default_backend("cpu"), default_backend("cuda")) == ("gloo", "nccl")
-    with pytest.raises(EngineError, match="no distributed backend for device 'tpu'"):
-        default_backend("tpu")
-    if torch.cuda.device_count() < 64:
-        with pytest.raises(EngineError, match=r"64 ranks need 64 CUDA devices; torch sees \d+"):
-            launch(_rank_info, 64, device="cuda")
-    with pytest.raises(EngineError, match="need at least one rank"):
-        launch(_rank_info, 0)
-
-
-def test_a_failing_rank_tears_the_world_down_and_its_error_comes_back():
-    pids: list[int] = []
-    t0 = time.monotonic()
-    with pytest.raises(InputError) as exc:
-        launch(_fail_on_rank_1, 2, timeout_s=120, pids=pids)
-    assert time.monotonic() - t0 < 60  # not the 120 s timeout: rank 0 was killed, not waited for
-    assert "rank 1 of 2 failed: InputError: deliberate failure on rank 1" in exc.value.message
-    assert exc.value.hint == "fix rank 1" and "_fail_on_rank_1" in exc.value.traceback
-    assert len(pids) == 2 and all(_gone(p) for p in pids)
-
-
-def test_a_rank_killed_by_a_signal_is_reported_and_the_rest_torn_down():
-    pids: list[int] = []
-    with pytest.raises(EngineError, match=r"rank 1 of 2 died \(signal 9\) without reporting"):
-        launch(_die_on_rank_1, 2, timeout_s=120, pids=pids)
-    assert all(_gone(p) for p in pids)
-
-
-def test_ranks_past_the_deadline_are_killed():
-    pids: list[int] = []
-    t0 = time.monotonic()
-    with pytest.raises(EngineError, match=r"ranks \[0, 1\] of 2 did not finish within 4 s"):
-        launch(_sleep, 2, (300.0,), timeout_s=4, pids=pids)
-    assert time.monotonic() - t0 < 30 and all(_gone(p) for p in pids)
-
-
 # -- real parallel runs vs the single-process engine ------------------------------------------------
 
 def _gate_ids(shards) -> tuple[tuple[int, ...], dict[int, list[int]], tuple[int, ...]]:
@@ -357,7 +270,7 @@ class Runs:
         key = (name, world)
         if key not in self.cache:
             t0 = time.monotonic()
-            self.cache[key] = run_parallel(self.job(name), world, timeout_s=600)
+            self.cache[key] = run_ranks(self.job(name), world, timeout_s=600)
             self.cache[key]["wall_s"] = time.monotonic() - t0
         return self.cache[key]
 

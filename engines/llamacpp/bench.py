@@ -1,6 +1,6 @@
 """llama-bench driver: the reference's own clock. Builds the exact command, runs it, parses `-o json` strictly.
 
-Depth semantics (LESSONS 5): decode at depth D is ``-p 0 -n N -d D`` (D tokens really in the KV cache, filled
+Depth semantics (-p/-n is not -d): decode at depth D is ``-p 0 -n N -d D`` (D tokens really in the KV cache, filled
 untimed, then N tokens generated and timed); prefill is ``-p N -n 0 -d D``. Rates are never read from the tool
 (`avg_ts` is a mean of per-rep rates): each raw `samples_ns` entry becomes one Rep with its token count.
 llama-bench feeds random token ids, so a Rep carries no generated ids. Its own single warm-up run (default) is
@@ -112,7 +112,7 @@ def run_bench(llama_bench: Path, model: Path, workload: Workload, geometry: Geom
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s, env=settings.env(),
                               cwd=llama_bench.parent, check=False)
     except subprocess.TimeoutExpired as exc:
-        log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")
+        log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n{exc.stderr or ''}", encoding="utf-8")  # type: ignore[str-bytes-safe]
         raise EngineError(f"llama-bench timed out after {timeout_s} s; log: {log}",
                           "raise speed.timeout_s or check the box") from None
     log.write_text(f"$ {shlex.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n"

@@ -37,9 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from scoreboard.engine import GitReference, SdistReference, atomic_write_text, compare_scans
 from scoreboard.errors import EngineError, InputError
-from scoreboard.lockfile import GitReference, SdistReference, atomic_write_text
-from scoreboard.round.evidence import compare_scans
 
 from . import source
 

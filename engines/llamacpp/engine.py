@@ -1,6 +1,7 @@
 """The llamacpp engine: the trusted reference. Pinned source -> clean cached build -> llama-bench + logits dumper.
 
-Options read from ``EngineTarget.options`` (all optional):
+Options read from ``EngineTarget.options`` (all optional; typed in options.py, where an unknown or mistyped one is a
+path-qualified InputError):
   ``reference_id`` (str, for error paths), ``cache_dir`` (describe only; prepare gets its own),
   ``flash_attn`` (1 | 0 | -1, default 1), ``n_gpu_layers`` (default 99 on cuda, 0 on cpu),
   ``split_mode`` ("none" | "layer" | "row", default "layer": llama.cpp's ``-sm`` over the visible GPUs, the
@@ -23,26 +24,20 @@ from scoreboard.engine import (
     EngineIdentity,
     EngineTarget,
     Geometry,
+    GitReference,
     LogitsRequest,
     LogitsResult,
     Prepared,
     Progress,
     Rep,
+    SdistReference,
     Workload,
+    cache_dir,
 )
 from scoreboard.errors import EngineError, InputError
-from scoreboard.lockfile import GitReference, SdistReference
 
 from . import bench, build, logits, source
-
-CACHE_ENV = "SCOREBOARD_CACHE"
-
-
-def default_cache_dir() -> Path:
-    """$SCOREBOARD_CACHE, else ~/.cache/scoreboard."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "scoreboard"
-
+from . import options as _options
 
 def prepare_build(reference: GitReference | SdistReference, cache_dir: Path, device: str = "cpu",
                   ref_id: str = "<id>", progress: Progress | None = None,
@@ -64,18 +59,16 @@ def usable_cpus() -> int:
 
 def run_settings(target: EngineTarget) -> bench.RunSettings:
     """Threads, flash attention and offload for both llama-bench and the dumper (pinned, recorded)."""
-    opts = target.options
+    opts = options(target)
     threads = target.geometry.n_threads or usable_cpus()
-    fa = int(opts.get("flash_attn", 1))
-    ngl = int(opts.get("n_gpu_layers", 99 if target.device == "cuda" else 0))
-    sm = str(opts.get("split_mode", "layer"))
-    if fa not in (-1, 0, 1):
-        raise InputError(f"options.flash_attn must be 1, 0 or -1, not {fa}")
-    if sm not in ("none", "layer", "row"):
-        raise InputError(f"options.split_mode must be none, layer or row, not {sm!r}",
-                         "set parallel.reference_split_mode in the target")
-    return bench.RunSettings(threads=threads, flash_attn=fa, n_gpu_layers=ngl, split_mode=sm,
-                             visible_devices=str(opts.get("visible_devices", "")))
+    ngl = opts.n_gpu_layers if opts.n_gpu_layers is not None else (99 if target.device == "cuda" else 0)
+    return bench.RunSettings(threads=threads, flash_attn=opts.flash_attn, n_gpu_layers=ngl,
+                             split_mode=opts.split_mode, visible_devices=opts.visible_devices)
+
+
+def options(target: EngineTarget) -> _options.Options:
+    """The target's options through the typed model (options.py): unknown or mistyped ones are refused."""
+    return _options.parse(target.options)
 
 
 @dataclass
@@ -117,13 +110,14 @@ class LlamaCppEngine(Engine):
     def _plan(self, target: EngineTarget) -> build.BuildPlan:
         import dataclasses
 
-        plan = build.plan_build(self._reference(target), target.device, target.options.get("reference_id", "<id>"))
-        return dataclasses.replace(plan, source_spec=str(target.options.get("reference_source") or ""))
+        opts = options(target)
+        plan = build.plan_build(self._reference(target), target.device, opts.reference_id)
+        return dataclasses.replace(plan, source_spec=opts.reference_source or "")
 
     def _identity(self, plan: build.BuildPlan, manifest: dict[str, Any] | None,
                   settings: bench.RunSettings) -> EngineIdentity:
         ref = plan.reference
-        src = dict(ref.identity())
+        src: dict[str, Any] = dict(ref.identity())
         if isinstance(ref, SdistReference) and ref.upstream:
             src["upstream"] = ref.upstream
         if ref.tree:  # the content pin every transport must satisfy
@@ -155,7 +149,7 @@ class LlamaCppEngine(Engine):
     def describe(self, target: EngineTarget) -> EngineIdentity:
         """Source pin, flags, compiler, device; binary hashes when a good build of this plan is cached."""
         plan = self._plan(target)
-        cache = Path(target.options["cache_dir"]) if target.options.get("cache_dir") else default_cache_dir()
+        cache = cache_dir(options(target).cache_dir)
         return self._identity(plan, build.cached_build(plan, cache), run_settings(target))
 
     def prepare(self, target: EngineTarget, cache_dir: Path, progress: Progress | None = None) -> Prepared:
@@ -163,7 +157,7 @@ class LlamaCppEngine(Engine):
         t0 = time.monotonic()
         cache_dir = Path(cache_dir).expanduser()
         settings = run_settings(target)
-        pip_args = target.options.get("pip_args")
+        pip_args = options(target).pip_args
         missing = [str(p) for p in (target.model_path, *target.shard_paths) if not Path(p).is_file()]
         if missing:  # before the expensive part
             raise InputError(f"target {target.target_id!r}: model file(s) not found: {', '.join(missing)}",
@@ -199,7 +193,7 @@ class LlamaCppEngine(Engine):
         h = self._handle(prepared)
         log = self._log(h, "logits")
         out = logits.run_dumper(h.tool(build.DUMPER), Path(h.target.model_path).resolve(), request, h.settings, log,
-                                n_vocab=h.n_vocab, timeout_s=h.target.options.get("timeout_s"))
+                                n_vocab=h.n_vocab, timeout_s=options(h.target).timeout_s)
         log.unlink(missing_ok=True)
         return LogitsResult(logits=out.logits, geometry=out.geometry, command=out.command)
 
@@ -209,7 +203,7 @@ class LlamaCppEngine(Engine):
         geometry: Geometry = h.target.geometry
         log = self._log(h, f"bench-{workload.phase}")
         result = bench.run_bench(h.tool("llama-bench"), Path(h.target.model_path).resolve(), workload, geometry, h.settings,
-                                 reps, h.build.manifest["build_commit"], log, h.target.options.get("timeout_s"))
+                                 reps, h.build.manifest["build_commit"], log, options(h.target).timeout_s)
         log.unlink(missing_ok=True)
         h.last_record = result.record
         return result.reps

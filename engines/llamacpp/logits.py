@@ -51,7 +51,8 @@ def read_logits_file(path: Path, n_vocab: int | None = None) -> tuple[dict[str, 
     if len(raw) < HEADER.itemsize:
         raise EngineError(f"{path}: {len(raw)} bytes, shorter than the {HEADER.itemsize}-byte header")
     h = np.frombuffer(raw[:HEADER.itemsize], HEADER)[0]
-    header = {name: (h[name].item() if name != "magic" else bytes(h[name])) for name in HEADER.names}
+    header: dict[str, Any] = {name: (h[name].item() if name != "magic" else bytes(h[name]))
+                              for name in HEADER.names or ()}
     if header["magic"] != MAGIC or header["version"] != VERSION or header["header_bytes"] != HEADER.itemsize:
         raise EngineError(f"{path}: not a version-{VERSION} logits file (magic {header['magic']!r}, "
                           f"version {header['version']}, header {header['header_bytes']} bytes)")

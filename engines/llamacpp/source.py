@@ -28,8 +28,8 @@ from typing import Any
 
 import git
 
+from scoreboard.engine import GitReference, SdistReference
 from scoreboard.errors import EngineError, InputError, PinError, TransientError
-from scoreboard.lockfile import GitReference, SdistReference
 
 Progress = Callable[[str, "float | None"], None]
 PIP_ARGS_ENV = "SCOREBOARD_PIP_ARGS"  # extra pip arguments, e.g. "--no-index --find-links DIR" (tests, mirrors)
@@ -93,8 +93,8 @@ LS_REMOTE_TIMEOUT_S = 120.0
 def ls_remote(url: str, ref: str, ref_id: str = "<id>") -> str | None:
     """The SHA `ref` points at on `url`, or None when the ref does not exist there (the same resolution
     the pin audit uses: scoreboard.pins.git.ls_remote)."""
-    from scoreboard.pins.git import GitUnavailable
-    from scoreboard.pins.git import ls_remote as resolve
+    from scoreboard.engine import GitUnavailable
+    from scoreboard.engine import ls_remote as resolve
 
     try:
         return resolve(url, ref, LS_REMOTE_TIMEOUT_S)
@@ -148,7 +148,8 @@ def check_git_pin(reference: GitReference, cache_dir: Path, ref_id: str = "<id>"
                            f"fetched (new) {fetched}", _repin_hint(ref_id, "commit"))
         mirror.git.update_ref(f"refs/scoreboard/pins/{pinned}", pinned)
     base = reference.base_commit
-    if not _has_commit(mirror, base) or not mirror.is_ancestor(base, pinned):
+    # is_ancestor's stubs want Commit objects; git itself takes any rev
+    if not _has_commit(mirror, base) or not mirror.is_ancestor(base, pinned):  # type: ignore[arg-type]
         raise PinError(f"references.{ref_id}: base_commit {base} is not an ancestor of {pinned} ({ref} at {url})",
                        _repin_hint(ref_id, "base_commit"))
     return mirror

@@ -94,7 +94,7 @@ class PrefillState:
 
 def checked_config(target: EngineTarget) -> Any:
     """The model's K3Config through the project's config checks (never defaulted), every shard present."""
-    from scoreboard.models.k3 import load_k3_config
+    from scoreboard.engine import load_k3_config
 
     try:
         cfg = load_k3_config(Path(target.model_path))
@@ -314,7 +314,7 @@ def decode(model: K3Model, cache: K3Cache, seed: torch.Tensor, n_tokens: int) ->
     row0 = torch.zeros(1, dtype=torch.long, device=tok.device)
     out = []
     for _ in range(n_tokens):
-        tok = model.forward(tok, cache, row0).argmax(-1)  # [1], stays on the device
+        tok = model.forward(tok, cache, row0).argmax(-1)  # type: ignore[union-attr]  # [1], stays on the device
         out.append(tok)
     return [int(x) for x in torch.cat(out).tolist()]
 

@@ -1,7 +1,7 @@
 """Named fault switches: known silent inference bugs the gate's own tests inject into sparkinfer.
 
-Each fault reproduces a bug that loads cleanly and emits fluent-looking, finite logits (K3.md traps,
-LESSONS 13). They exist only so the gate can prove it refuses them; a round never enables one
+Each fault reproduces a bug that loads cleanly and emits fluent-looking, finite logits (the
+bugs a glance at the output misses). They exist only so the gate can prove it refuses them; a round never enables one
 unless the target's options say so, and the engine identity records every fault that is on.
 
 Enable through ``EngineTarget.options["faults"]`` (a sequence of the names below).

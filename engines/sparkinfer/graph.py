@@ -69,8 +69,8 @@ class StaticDecoder:
     def step(self, span: int) -> None:
         """One static-shape decode step: consume tok at pos, then tok <- argmax and pos += 1."""
         logits = self.model.forward(self.tok, self.cache, self.row0, pos=self.pos, span=span)  # [1, V]
-        nxt = logits.argmax(-1)  # [1]
-        self.logits.copy_(logits)
+        nxt = logits.argmax(-1)  # type: ignore[union-attr]  # [1]; rows were asked for: never None
+        self.logits.copy_(logits)  # type: ignore[arg-type]
         self.hist.index_copy_(0, self.pos, nxt)
         self.tok.copy_(nxt)
         self.pos.add_(1)

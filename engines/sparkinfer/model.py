@@ -224,7 +224,8 @@ class K3Model:
         if out_rows is None:
             return None
         if use_res:  # per token, so narrow to the output rows first
-            x = self._res_mix(x[out_rows], None if bank is None else bank[out_rows], self.w.output_res_score)
+            score = self.w.output_res_score  # use_res: the model has one
+            x = self._res_mix(x[out_rows], None if bank is None else bank[out_rows], score)  # type: ignore[arg-type]
         else:
             x = x[out_rows]
         x = rms_norm(x, self.w.output_norm, c.rms_norm_eps)
@@ -365,27 +366,42 @@ class K3Model:
 
     def _experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor) -> Tensor:
         """Routed experts: sum_k wts[t,k] * down_e(situ(gate_e(x), up_e(x))). xin [T, lat] -> [T, lat]."""
+        return self._held_experts(lw, xin, sel, wts, 0, self.cfg.n_expert)
+
+    def _held_experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor, lo: int, hi: int) -> Tensor:
+        """The routed sum over the experts held, [lo, hi) (stacked at index e - lo); the others add nothing.
+
+        The one expert loop: the single-process model holds all of them, an expert-parallel rank its band.
+        xin [T, lat], sel/wts [T, k] -> [T, lat]."""
         c = self.cfg
         gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]  # [X, ff, lat] x2, [X, lat, ff]
         t, k = sel.shape
-        if t == 1:  # decode: gather the k experts' weights, batched matmuls (static shapes)
-            return self._decode_experts(lw, xin, sel[0], wts[0])
+        if t == 1:  # decode: gather the selected experts' weights, batched matmuls
+            if (lo, hi) == (0, c.n_expert):  # all held: static shapes (a CUDA graph can capture it)
+                return self._decode_experts(lw, xin, sel[0], wts[0])
+            mine = (sel[0] >= lo) & (sel[0] < hi)  # [k]; the count held is data-dependent, 0..k
+            local = sel[0][mine] - lo  # [m] local indices
+            if int(local.shape[0]) == 0:
+                return torch.zeros(1, xin.shape[1], device=xin.device)
+            return self._decode_experts(lw, xin, local, wts[0][mine])
         out = torch.zeros(t, xin.shape[1], device=xin.device)
         flat = sel.reshape(-1)  # [T*k]
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=c.n_expert).tolist()
         rows_all = order // k  # token of each (sorted) assignment
-        start = 0
-        for e, n in enumerate(counts):
+        start = sum(counts[:lo])
+        for e in range(lo, hi):
+            n = counts[e]
             if n == 0:
                 continue
             idx = order[start:start + n]
             rows = rows_all[start:start + n]
             start += n
             xi = xin[rows]  # [n, lat]
-            a = situ(linear(xi, Mat(gate.w[e], gate.act)), linear(xi, Mat(up.w[e], up.act)), c.situ_beta,
+            j = e - lo
+            a = situ(linear(xi, Mat(gate.w[j], gate.act)), linear(xi, Mat(up.w[j], up.act)), c.situ_beta,
                      c.situ_linear_beta)
-            y = linear(a, Mat(down.w[e], down.act)) * wts.reshape(-1)[idx, None]  # [n, lat]
+            y = linear(a, Mat(down.w[j], down.act)) * wts.reshape(-1)[idx, None]  # [n, lat]
             out.index_add_(0, rows, y)
         return out
 

@@ -18,11 +18,9 @@ The model subclasses :class:`~engines.sparkinfer.model.K3Model` and overrides on
 other line of the forward, and the engine's prefill/decode code paths (engine.SparkInferEngine's
 logits/begin/step on a :class:`~engines.sparkinfer.engine.Loaded` handle), are the single-process ones.
 
-Driving it: in a round, the harness launches the ranks (torchrun, scoreboard.worker.distributed) and
-``SparkInferEngine.prepare`` calls :func:`prepare_rank` when the target has ``ranks > 1``. Outside the
-harness (tests, bench scripts), :func:`run_parallel` launches ``world`` ranks (launch.py) that each run
-:func:`run_job`; rank 0 returns one dict (identity, ownership table, logits, greedy tokens, timed reps,
-fingerprints).
+Driving it: the harness launches the ranks (torchrun, scoreboard.worker.distributed), in a round and in
+the tests and bench scripts alike, and ``SparkInferEngine.prepare`` calls :func:`prepare_rank` when the
+target has ``ranks > 1``. The engine has no launcher of its own.
 """
 
 from __future__ import annotations
@@ -39,10 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from scoreboard.worker.distributed import RankGroup
-from scoreboard.engine import EngineTarget, LogitsRequest, Prepared, Workload
+from scoreboard.engine import EngineTarget, Prepared
 from scoreboard.errors import EngineError, InputError
-from scoreboard.round.clock import in_process_reps
 
 from .engine import (
     DTYPES,
@@ -50,11 +46,10 @@ from .engine import (
     SparkInferEngine,
     _dtype_name,
     checked_config,
-    greedy_decode,
     options,
 )
 from .faults import Faults, apply_config_faults, parse_faults
-from .model import K3Model, K3Weights, Mat, linear, situ
+from .model import K3Model, K3Weights
 from .weights import _BLK, _place, _short, assemble, gguf_tensors, to_f32
 
 Tensor = torch.Tensor
@@ -241,8 +236,7 @@ def plan_fit(lock: Any, target_id: str, plan: ShardPlan, tensor_shapes: dict[str
     """scoreboard.fit's budget for the target with the weights line priced by this plan: the largest
     rank's band plus the replicated tensors (ranks = plan.world). On a CPU target the ranks share the
     host, so each gets host RAM / world unless `usable_gib` says otherwise."""
-    from scoreboard.environment import ram_gib
-    from scoreboard.fit import GIB, fit_budget, price_weights
+    from scoreboard.engine import GIB, fit_budget, price_weights, ram_gib
 
     target = lock.target(target_id)
     if usable_gib is None and target.device == "cpu":
@@ -313,43 +307,10 @@ class ExpertParallelK3Model(K3Model):
 
     def _experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor) -> Tensor:
         """xin [T, lat], sel/wts [T, k] (replicated router) -> the full routed sum [T, lat] on every rank."""
-        part = self._local_experts(lw, xin, sel, wts)
+        part = self._held_experts(lw, xin, sel, wts, *self.band)  # this rank's band: K3Model's loop
         dist.all_reduce(part, op=dist.ReduceOp.SUM, group=self.group)
         self.n_collectives += 1
         return part
-
-    def _local_experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor) -> Tensor:
-        """The contributions of this rank's experts, summed: same arithmetic per expert as K3Model._experts."""
-        c = self.cfg
-        lo, hi = self.band
-        gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]  # [band, ff, lat] x2, [band, lat, ff]
-        t, k = sel.shape
-        if t == 1:  # decode: gather the selected experts of this band (data-dependent count, 0..k)
-            mine = (sel[0] >= lo) & (sel[0] < hi)  # [k]
-            e = sel[0][mine] - lo  # [m] local indices
-            if int(e.shape[0]) == 0:
-                return torch.zeros(1, xin.shape[1], device=xin.device)
-            return self._decode_experts(lw, xin, e, wts[0][mine])
-        out = torch.zeros(t, xin.shape[1], device=xin.device)
-        flat = sel.reshape(-1)  # [T*k]
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=c.n_expert).tolist()
-        rows_all = order // k
-        start = sum(counts[:lo])
-        for e in range(lo, hi):
-            n = counts[e]
-            if n == 0:
-                continue
-            idx = order[start:start + n]
-            rows = rows_all[start:start + n]
-            start += n
-            xi = xin[rows]  # [n, lat]
-            j = e - lo
-            a = situ(linear(xi, Mat(gate.w[j], gate.act)), linear(xi, Mat(up.w[j], up.act)), c.situ_beta,
-                     c.situ_linear_beta)
-            y = linear(a, Mat(down.w[j], down.act)) * wts.reshape(-1)[idx, None]  # [n, lat]
-            out.index_add_(0, rows, y)
-        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,58 +347,3 @@ def prepare_rank(target: EngineTarget, group: Any = None) -> Prepared:
         "rank": rank, "world": world, "band": list(plan.band(rank)), "bytes": per[rank],
         "ownership": {n: [[c.rank, c.lo, c.hi] for c in cl] for n, cl in table.items()},
         "threads": torch.get_num_threads()})
-
-
-# ----------------------------------------------------------------------------------------------
-# the job the launcher runs on every rank
-
-@dataclass(frozen=True)
-class ParallelJob:
-    """What one parallel session computes (every part optional); geometry.n_threads = threads per rank."""
-
-    target: EngineTarget
-    logits: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (token_ids, positions)
-    greedy: tuple[tuple[int, ...], int, int] | None = None  # (prompt_ids, depth, n_tokens)
-    timed: tuple[Workload, tuple[int, ...], int, int] | None = None  # (workload, revealed ids, reps, warmup)
-    fingerprints: bool = True
-
-
-def run_job(rank: int, world: int, job: ParallelJob) -> dict[str, Any]:
-    """On every rank: prepare, then the job's parts in order; rank 0's dict is what the launcher returns.
-    Agreement, fingerprints and the clock are the harness's own (scoreboard.worker.distributed, scoreboard.round.clock)."""
-    engine = SparkInferEngine()
-    group = RankGroup.current(job.target.device)
-    prep = prepare_rank(job.target)
-    model: ExpertParallelK3Model = prep.handle.model
-    out: dict[str, Any] = {"identity": prep.identity.as_dict(), "notes": prep.notes}
-    if job.fingerprints:
-        out["fingerprints"] = group.fingerprints()
-    out["ranks"] = group.gather({"band": prep.notes["band"], "bytes": prep.notes["bytes"]})
-    if job.logits is not None:
-        ids, pos = job.logits
-        before = model.n_collectives
-        res = engine.logits(prep, LogitsRequest(tuple(ids), tuple(pos), job.target.geometry))
-        out["logits"] = res.logits
-        out["logits_collectives"] = model.n_collectives - before
-        group.agree_bytes(np.ascontiguousarray(res.logits).tobytes(), "the logits")
-    if job.greedy is not None:
-        prompt, depth, n = job.greedy
-        before = model.n_collectives
-        toks = greedy_decode(prep, prompt, depth, n)
-        group.agree(toks, "the greedy tokens")
-        out["greedy"] = toks
-        out["greedy_collectives"] = model.n_collectives - before
-    if job.timed is not None:
-        wl, revealed, reps, warmup = job.timed
-        timed = in_process_reps(engine, prep, wl, [revealed] * (warmup + reps), warmup, barrier=group.barrier)
-        group.agree([r.token_ids for r in timed], "the timed reps' token ids")
-        out["reps"] = timed if rank == 0 else None
-    return out
-
-
-def run_parallel(job: ParallelJob, world: int, *, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Launch `world` ranks (gloo on CPU, NCCL on CUDA) running :func:`run_job`; rank 0's result."""
-    from .launch import launch
-
-    threads = job.target.geometry.n_threads or 1
-    return launch(run_job, world, (job,), device=job.target.device, timeout_s=timeout_s, threads_per_rank=threads)

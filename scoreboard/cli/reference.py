@@ -29,10 +29,10 @@ def pack_cmd(
     lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
 ) -> None:
     """Write a bare git repository whose one commit holds exactly the pinned tree (exclusions left out)."""
-    from engines.llamacpp.engine import default_cache_dir
+    from ..cache import cache_dir
     from engines.llamacpp.source import pack_git
 
-    commit, tree = pack_git(_reference(lock, ref_id), default_cache_dir(), out, ref_id, source=source)
+    commit, tree = pack_git(_reference(lock, ref_id), cache_dir(), out, ref_id, source=source)
     console.print(f"tree {tree}\ncommit {commit}\ndeliver with: --reference-source git+file://{out.resolve()}@{commit}",
                   highlight=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..cache import cache_dir
 from ..errors import InputError
 from .console import console, err_console, print_json
 
@@ -19,7 +21,7 @@ DEFAULT_TARGET = "k3-mini-cpu"
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("SCOREBOARD_CACHE", Path.home() / ".cache" / "scoreboard"))
+    return cache_dir()
 
 
 class RichReporter:

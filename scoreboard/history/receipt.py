@@ -10,7 +10,7 @@ A receipt of an unknown major version is refused; a newer minor of a known major
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
 The verdict is its own section computed by code; provenance is a separate free-form section whose
-keys may never name a verdict field (LESSONS 26), and `add_provenance` is the only merge helper.
+keys may never name a verdict field (provenance can't overwrite one), and `add_provenance` is the only merge helper.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class CalibrationRef(_Open):
     reason: str = ""  # skipped: why
 
 
-# the keys provenance may never use, anywhere in its tree (LESSONS 26)
+# the keys provenance may never use, anywhere in its tree (so it can never overwrite a verdict)
 VERDICT_KEYS = frozenset(Verdict.model_fields) | {"verdict", "pass", "tier", "status", "seal"}
 
 

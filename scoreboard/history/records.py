@@ -88,7 +88,7 @@ def write_receipt(receipt: Mapping[str, Any], rounds_dir: str | os.PathLike[str]
                   forbidden_roots: Iterable[Path] | None = None) -> Path:
     """Validate, seal (signed when a key is configured), write once, and append the ``round`` ledger line.
 
-    Every round calls this, aborted and REJECTed ones included (LESSONS 25). The signing key comes from
+    Every round calls this, aborted and REJECTed ones included (rounds, not successes). The signing key comes from
     `signing_key` or $SCOREBOARD_SIGNING_KEY and must lie outside the checkout (and outside
     `forbidden_roots`, default: the current directory and the parent of rounds_dir).
     """

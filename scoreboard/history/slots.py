@@ -1,4 +1,4 @@
-"""The ONE derivation of slot names from their axes (LESSONS 4): writer and reader both call this."""
+"""The ONE derivation of slot names from their axes: writer and reader both call this (one number, one axis set)."""
 
 from __future__ import annotations
 

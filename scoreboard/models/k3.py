@@ -8,7 +8,7 @@ ggml-org/llama.cpp@0c1e57098): ``src/models/kimi-k3.cpp`` (load_arch_hparams / l
 Shapes are in ggml order (``ne0`` first), as llama.cpp's ``create_tensor`` and gguf's tensor info
 write them; numpy arrays hold the reverse.
 
-Traps (K3.md, LESSONS 13) — each refusal message starts with ``trap: <name>``:
+Traps (files that load cleanly and emit fluent garbage) — each refusal message starts with ``trap: <name>``:
   required-key   expert_latent_length, attn_res.block_size, situ_beta, situ_linear_beta missing
   layer-kinds    head_count_kv not 0/1 per layer, or not matching the declared full-attention layers
   mla-as-mqa     MLA cache key/value widths not kv_lora(+rope) — MLA read as real multi-head attention

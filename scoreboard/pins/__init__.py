@@ -27,7 +27,7 @@ def short(sha: str, n: int = 12) -> str:
     return sha[:n] + "…" if len(sha) > n else sha
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     """1536 -> `1.5 KiB`; binary units, one decimal."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":

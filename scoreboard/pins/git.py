@@ -9,12 +9,12 @@ which never looks up an absent object (a partial clone would otherwise try to fe
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 
 import git
 
+from ..cache import cache_dir
 from ..lockfile import GitReference
 from . import Finding, short
 
@@ -25,12 +25,6 @@ FETCH_TIMEOUT_FACTOR = 10  # a history fetch may take this many times the per-re
 
 class GitUnavailable(Exception):
     """The remote could not be asked (unreachable, timeout, auth): an error, never drift."""
-
-
-def cache_root() -> Path:
-    """`$SCOREBOARD_CACHE`, else `~/.cache/scoreboard`."""
-    env = os.environ.get("SCOREBOARD_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "scoreboard"
 
 
 def _why(exc: git.GitCommandError) -> str:
@@ -52,7 +46,7 @@ def ls_remote(url: str, ref: str, timeout: float) -> str | None:
     except git.GitCommandError as exc:
         raise GitUnavailable(f"`git ls-remote {url} {ref}` failed: {_why(exc)}") from exc
     found: dict[str, str] = {}
-    for line in out.splitlines():
+    for line in str(out).splitlines():
         sha, _, name = line.partition("\t")
         if name.endswith("^{}"):
             found[name[:-3] + "^{}"] = sha  # peeled annotated tag: the commit it points at
@@ -89,7 +83,7 @@ def check_git_reference(ref_id: str, r: GitReference, *, timeout: float, cache: 
                         targets: tuple[str, ...] = ()) -> list[Finding]:
     """All findings for one `[references.<id>]` of kind git."""
     pin = f"references.{ref_id}"
-    cache = cache or cache_root()
+    cache = cache_dir(cache)
     subject = f"ref {r.ref}"
     unreachable = ("re-run `scoreboard audit-pins`; if it persists, check the network, the URL and access "
                    f"to {r.repo} (this is not drift: nothing was observed to move)")

@@ -22,7 +22,7 @@ from ..worker.serve import pid_path, result_path, target_to_dict
 from . import sandbox
 from .candidate import HARNESS_ROOT
 
-# Never visible to a candidate process: signing keys and tokens (CASE-STUDY: env -u POLARIS_API_KEY).
+# Never visible to a candidate process: signing keys and tokens (a key it can read, it can sign with).
 SECRET_ENV = ("SCOREBOARD_SIGNING_KEY", "GH_TOKEN", "GITHUB_TOKEN", "HF_TOKEN")
 
 

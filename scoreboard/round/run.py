@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import environment
+from ..cache import cache_dir as default_cache_dir
 from ..engine import EngineTarget, Geometry
 from ..errors import InputError, ScoreboardError, TransientError
 from ..history.held import History, load_history
@@ -43,7 +44,7 @@ class RoundOptions:
     reps: int | None = None
     seal: bool = True
     rounds_dir: Path = Path("rounds")
-    cache_dir: Path = Path.home() / ".cache" / "scoreboard"
+    cache_dir: Path = field(default_factory=default_cache_dir)  # explicit, else $SCOREBOARD_CACHE, else ~/.cache
     # tests and calibration only (never the CLI): merged over the target's own `candidate_options` from the lock,
     # key by key (a key given here wins), e.g. {"faults": ["..."]}; both, and the merge, go into the receipt
     candidate_options: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,7 @@ def balanced_schedule(arms: list[str], blocks: int, seed: int) -> list[list[str]
     """`blocks` arm orders. Orders cycle through all permutations (balanced when blocks is a multiple
     of len(arms)!, nearly so otherwise), then the block order is shuffled by the seed.
 
-    Never "reference always first": a cold box biases whichever arm runs first (LESSONS 17).
+    Never "reference always first": a cold box biases whichever arm runs first.
     """
     if len(set(arms)) != len(arms) or not arms:
         raise ValueError(f"arms must be distinct and non-empty: {arms}")

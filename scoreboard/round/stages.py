@@ -336,7 +336,7 @@ class GateStage:
         return self.graded[key]
 
 
-SHORT_UBATCH = 64  # llama.cpp takes a less precise KDA path for ubatches under 64 tokens (LLAMACPP.md)
+SHORT_UBATCH = 64  # llama.cpp takes a less precise KDA path for ubatches under 64 tokens
 
 
 def padded(ids: tuple[int, ...], n_ubatch: int, n_ctx: int, filler: tuple[int, ...]) -> tuple[int, ...]:

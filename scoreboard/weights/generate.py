@@ -107,7 +107,7 @@ def _route_code(spec: K3Spec, seed: int, name: str, leaf: str, x: np.ndarray) ->
 
 
 def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The float32 values of one tensor (numpy order = reversed ggml shape), damped per LLAMACPP.md."""
+    """The float32 values of one tensor (numpy order = reversed ggml shape), damped (random K3 weights are chaotic)."""
     n = math.prod(shape)
     u = _uniform(seed, name, n)
     leaf = name.split(".", 2)[-1] if name.startswith("blk.") else name

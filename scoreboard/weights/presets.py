@@ -57,7 +57,7 @@ class K3Spec:
     weight_type: str = "f16"  # matrices; 1-D tensors, conv and ssm_a stay f32
     n_shards: int = 1
     default_seed: int = 0
-    # damping (LLAMACPP.md: random K3 weights are chaotic unless damped)
+    # damping (random K3 weights are chaotic unless damped: near-hard-max residual softmax, routing flips)
     res_score_std: float = 0.03  # cross-layer residual scores: softmax stays near uniform
     branch_gain: float = 0.5  # RMS of each residual branch relative to its normalized input
     gate_preact_std: float = 3.0  # situ gate pre-activation: comparable to situ_beta so the key matters
@@ -152,7 +152,7 @@ _K3_MID = K3Spec(
     weight_type="f16", n_shards=4, default_seed=0,
 )
 
-# Kimi K3's real per-layer widths (K3.md), 3 layers: KDA (dense lead), KDA + MoE, MLA + MoE. Two MoE
+# Kimi K3's real per-layer widths (its public config), 3 layers: KDA (dense lead), KDA + MoE, MLA + MoE. Two MoE
 # layers of 896 experts are 59.2 B parameters: q8_0 on disk (63 GB), then llama-quantize to IQ1_S with an
 # importance matrix on the 8x H200 box (an IQ1_S without one is refused by llama-quantize). Never on CI.
 _K3_SLICE = K3Spec(

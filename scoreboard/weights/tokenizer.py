@@ -162,7 +162,7 @@ class Tokenizer:
 def corpus_text() -> tuple[str, str]:
     """(text, sha256) of the shipped tokenizer corpus."""
     try:
-        raw = resources.files("scoreboard").joinpath("data", CORPUS).read_bytes()
+        raw = resources.files("scoreboard").joinpath("data").joinpath(CORPUS).read_bytes()
     except FileNotFoundError as exc:
         raise InputError(f"scoreboard/data/{CORPUS} is missing", "reinstall scoreboard (`pip install -e .`)") from exc
     return raw.decode("utf-8"), hashlib.sha256(raw).hexdigest()

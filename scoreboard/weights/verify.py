@@ -1,6 +1,6 @@
 """Weight shards against their pins: parallel sha256, size checks, and generate-if-absent for generated weights.
 
-Every shard is re-hashed (a size+mtime fingerprint is not a hash, LESSONS 8); problems are reported all
+Every shard is re-hashed (a size+mtime fingerprint is not a hash); problems are reported all
 at once, each naming its shard. hashlib releases the GIL on large updates, so threads hash in parallel.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from threading import Lock as _Mutex
 from typing import Callable
 
+from ..cache import cache_dir
 from ..errors import InputError, PinError
 
 CHUNK = 8 << 20  # bytes per read
@@ -52,8 +53,8 @@ def hash_files(paths: list[Path], progress: ByteProgress | None = None, workers:
 
 
 def default_cache() -> Path:
-    """$SCOREBOARD_CACHE, default ~/.cache/scoreboard."""
-    return Path(os.environ.get("SCOREBOARD_CACHE") or Path.home() / ".cache" / "scoreboard")
+    """$SCOREBOARD_CACHE, default ~/.cache/scoreboard (scoreboard.cache's rule)."""
+    return cache_dir()
 
 
 def weights_dir(weights_id: str, cache: Path | None = None) -> Path:

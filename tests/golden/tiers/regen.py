@@ -1,7 +1,7 @@
 """Regenerate the tier golden files: `python tests/golden/tiers/regen.py`.
 
 Inputs (minimal receipts, claims) are built here from the incidents' numbers with a seeded RNG; the
-`expect` blocks are written by hand from the incident arithmetic (CASE-STUDY.md §2, §6) and are what
+`expect` blocks are written by hand from the incident arithmetic (a real scoreboard's) and are what
 the test asserts first; `verdict` is the full output recorded for regression. Review the diff of the
 `verdict` blocks before committing a regeneration.
 """
@@ -125,7 +125,7 @@ def pr(cand: float, main: float, slot: float, guard: tuple[float, float, float],
 def cases() -> dict[str, dict]:
     out: dict[str, dict] = {}
     out["stale_frontier"] = {
-        "source": "CASE-STUDY.md §2, 08-01 #25->#20: pin stayed 3.55 after main hit 9.54; the PR measured 10.30",
+        "source": "incident 08-01 #25->#20: pin stayed 3.55 after main hit 9.54; the PR measured 10.30",
         "cases": [
             {"name": "same-round basis", "receipt": pr(10.30, 9.54, 3.55, (60.0, 60.0, 59.0), 18.44),
              "expect": {"label": "M", "speed_label": "M", "basis": "main-same-round", "claim": False,
@@ -151,7 +151,7 @@ def cases() -> dict[str, dict]:
         "expect": {"label": "XL", "speed_label": "XL", "basis": "frontier-slot", "claim": False, "gain": 0.254,
                    "gain_tol": 0.01}})
     out["hand_seeded_frontier"] = {
-        "source": "CASE-STUDY.md §2, 08-05 #140: prefill slot seeded 40.35, real main 53.02; #135/#136/#138 "
+        "source": "incident 08-05 #140: prefill slot seeded 40.35, real main 53.02; #135/#136/#138 "
                   "reported +25.4/+24.5/+5.3% that were -4.6/-5.3/-19.8%",
         "cases": seeded}
     t = target_dict()
@@ -159,7 +159,7 @@ def cases() -> dict[str, dict]:
                for d in t["gate"]["depths"]}
     slot = "KIMI_K3_H200X8_IQ1S_SPARKINFER_PREFILL_32K"
     out["claim_vs_measurement"] = {
-        "source": "CASE-STUDY.md §2, 08-06 #148: claimed 169.72 tok/s, 'faster because it was reading the wrong "
+        "source": "incident 08-06 #148: claimed 169.72 tok/s, 'faster because it was reading the wrong "
                   "rows' (KL 2.67); the fixed change measured 98.80",
         "cases": [
             {"name": "the claim", "claim": {"value": 169.72, "metric": "prefill@0", "lock_toml":
@@ -173,7 +173,7 @@ def cases() -> dict[str, dict]:
                         "reasons_contain": ["KL mean 2.67 > kl_max"]}},
         ]}
     out["guard_regression"] = {
-        "source": "CASE-STUDY.md §2, 08-05 #134: a stale guard baseline would have admitted a 19% regression; "
+        "source": "incident 08-05 #134: a stale guard baseline would have admitted a 19% regression; "
                   "here the guard is main measured in the same round",
         "cases": [
             {"name": "prefill guard -19% vs main", "receipt": pr(60.80, 56.82, 56.82, (47.84, 59.06, 59.06), 18.44),
@@ -186,7 +186,7 @@ def cases() -> dict[str, dict]:
         ]}
     at32k = {32768: {"kl_mean": 0.09, "top1": 0.81, "pass": False, "reasons": ["top-1 0.81 < bar"]}}
     out["gate_failure"] = {
-        "source": "CASE-STUDY.md §10.21: #144 failed only at 32k; LESSONS 26: provenance can't set the verdict",
+        "source": "incident #144 failed only at 32k; and provenance can't set the verdict",
         "cases": [
             {"name": "fails at depth 32768 only", "receipt": receipt(t, {}, {}, is_main=False, speed=False,
                                                                     gate_section=gate(t, at32k)),
@@ -203,7 +203,7 @@ def cases() -> dict[str, dict]:
                         "reasons_contain": ["depth 131072 was not graded"]}},
         ]}
     out["baseline"] = {
-        "source": "SPEC step 6 / CASE-STUDY §6: frontier <= 0 -> BASELINE (main's first sealed round)",
+        "source": "the verdict's order: frontier <= 0 -> BASELINE (main's first sealed round)",
         "cases": [{"name": "main, empty slots", "receipt": receipt(
             t, {DEC: {"reference": 18.44, "candidate": 1.00}, PP: {"reference": 143.88, "candidate": 40.0}},
             {DEC: 0.0, PP: 0.0}, is_main=True),
@@ -211,7 +211,7 @@ def cases() -> dict[str, dict]:
                        "gain": None, "value": 1.00, "value_tol": 0.01,
                        "reasons_contain": ["no frontier yet", "no basis yet, cannot regress"]}}]}
     out["inconclusive"] = {
-        "source": "LESSONS 18: estimate noise from the run; too wide a CI is 'inconclusive', not a guess",
+        "source": "estimate noise from the run; too wide a CI is 'inconclusive', not a guess",
         "cases": [{"name": "noisy box, 6 blocks", "receipt": pr(52.0, 50.0, 50.0, (59.0, 59.0, 59.0), 18.44,
                                                              arm_sd=0.05),
                    "expect": {"label": "inconclusive", "speed_label": "inconclusive", "basis": "main-same-round",
@@ -221,9 +221,9 @@ def cases() -> dict[str, dict]:
 
 
 BOUNDARIES = {
-    "source": "CASE-STUDY.md §6: 'Pin 98.80, anchor off: none <= 100.776, XS > 100.78, S >= 102.26, M >= 104.73, "
+    "source": "label.py: 'Pin 98.80, anchor off: none <= 100.776, XS > 100.78, S >= 102.26, M >= 104.73, "
               "L >= 108.68, XL >= 116.58 tok/s'. Exact thresholds are 98.80 x (1.02, 1.035, 1.06, 1.10, 1.18) = "
-              "100.776, 102.258, 104.728, 108.68, 116.584. Our thresholds are inclusive (SPEC: gain >= XS), so "
+              "100.776, 102.258, 104.728, 108.68, 116.584. Our thresholds are inclusive (gain >= XS), so "
               "exactly 100.776 is XS where label.py's strict '> 2%' said none; 116.58 (displayed rounded) is "
               "17.996% and stays L.",
     "frontier": 98.80,
