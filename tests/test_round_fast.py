@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import tomlkit
-
 import toy_engine
 from receipt_factory import zero_slots
 from sandbox_fixtures import git
+
 from scoreboard import registry
 from scoreboard.engine import EngineTarget, Geometry
 from scoreboard.errors import EngineError, InputError
@@ -139,8 +139,8 @@ def test_a_candidate_with_wrong_logits_is_rejected_before_timing(lock, candidate
 @pytest.mark.parametrize("mode, says", [
     ("raise_in_prepare", "toy (gate) failed: RuntimeError: the toy engine's prepare crashed"),
     ("exit_in_prepare", "toy worker (gate) crashed with exit 7 and no result"),
-    ("forge_result", "toy worker (gate) wrote a malformed result: worker result: rank: Input should be a valid "
-                     "integer"),
+    ("forge_result", ("toy worker (gate) wrote a malformed result: worker result: rank: Input should be a "
+                      "valid integer")),
 ])
 def test_an_engine_crash_in_prepare_is_a_sealed_aborted_receipt(mode, says, lock, candidate_repo, cache, tmp_path):
     out = _round(lock, candidate_repo, cache, tmp_path, candidate_options={"mode": mode})

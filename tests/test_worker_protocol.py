@@ -10,9 +10,26 @@ import pytest
 
 from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.worker import serve
-from scoreboard.worker.protocol import (PROTOCOL, CheckedOp, CheckedRun, GateOp, LogitsFile, LogitsOp, LogitsRows,
-                                        PeakMemory, ProtocolError, TimedOp, WireGeometry, WireTarget, WorkerRequest,
-                                        WorkerResult, check_result, decode_request, decode_result, encode)
+from scoreboard.worker.protocol import (
+    PROTOCOL,
+    CheckedOp,
+    CheckedRun,
+    GateOp,
+    LogitsFile,
+    LogitsOp,
+    LogitsRows,
+    PeakMemory,
+    ProtocolError,
+    TimedOp,
+    WireGeometry,
+    WireTarget,
+    WorkerRequest,
+    WorkerResult,
+    check_result,
+    decode_request,
+    decode_result,
+    encode,
+)
 
 GEOM = Geometry(256, 64, 64, 1)
 TARGET = EngineTarget("t", Path("/w/a.gguf"), (Path("/w/a.gguf"), Path("/w/b.gguf")), "cpu", GEOM,
@@ -37,7 +54,7 @@ def test_every_op_round_trips_and_gives_back_the_engine_values(op):
     assert back == req and json.loads(encode(req))["protocol"] == PROTOCOL
     assert back.target.target() == TARGET
     if isinstance(back.op, TimedOp):
-        assert [w.workload() for w in back.op.workloads][0] == WL
+        assert back.op.workloads[0].workload() == WL
 
 
 def test_a_result_round_trips():

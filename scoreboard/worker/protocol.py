@@ -25,8 +25,9 @@ History: 1 — the first versioned pipe (before it: unversioned dicts, same cont
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Sequence, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -53,7 +54,7 @@ class WireGeometry(_Wire):
     n_threads: int = 0
 
     @classmethod
-    def of(cls, g: Geometry) -> "WireGeometry":
+    def of(cls, g: Geometry) -> WireGeometry:
         return cls(**g.as_dict())
 
     def geometry(self) -> Geometry:
@@ -72,7 +73,7 @@ class WireTarget(_Wire):
     ranks: int = 1
 
     @classmethod
-    def of(cls, t: EngineTarget) -> "WireTarget":
+    def of(cls, t: EngineTarget) -> WireTarget:
         return cls(target_id=t.target_id, model_path=str(t.model_path), shard_paths=tuple(map(str, t.shard_paths)),
                    device=t.device, geometry=WireGeometry.of(t.geometry), options=dict(t.options), ranks=t.ranks)
 
@@ -90,7 +91,7 @@ class WireWorkload(_Wire):
     prompt_ids: tuple[int, ...]
 
     @classmethod
-    def of(cls, w: Workload) -> "WireWorkload":
+    def of(cls, w: Workload) -> WireWorkload:
         return cls(phase=w.phase, depth=int(w.depth), n_tokens=int(w.n_tokens), prompt_ids=tuple(map(int, w.prompt_ids)))
 
     def workload(self) -> Workload:
@@ -109,7 +110,7 @@ class LogitsRows(_Wire):
     positions: tuple[int, ...]
 
     @classmethod
-    def of(cls, token_ids: Sequence[int], positions: Sequence[int]) -> "LogitsRows":
+    def of(cls, token_ids: Sequence[int], positions: Sequence[int]) -> LogitsRows:
         return cls(token_ids=tuple(map(int, token_ids)), positions=tuple(map(int, positions)))
 
 
@@ -120,7 +121,7 @@ class CheckedRun(_Wire):
     reveals: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def of(cls, workload: Workload, reveals: Sequence[Sequence[int]]) -> "CheckedRun":
+    def of(cls, workload: Workload, reveals: Sequence[Sequence[int]]) -> CheckedRun:
         return cls(workload=WireWorkload.of(workload), reveals=tuple(tuple(map(int, r)) for r in reveals))
 
 
@@ -133,11 +134,11 @@ class TimedOp(_Wire):
     reps: tuple[int, ...]
 
     @classmethod
-    def of(cls, workloads: Sequence[Workload], reps: Sequence[int]) -> "TimedOp":
+    def of(cls, workloads: Sequence[Workload], reps: Sequence[int]) -> TimedOp:
         return cls(workloads=tuple(map(WireWorkload.of, workloads)), reps=tuple(map(int, reps)))
 
     @model_validator(mode="after")
-    def _paired(self) -> "TimedOp":
+    def _paired(self) -> TimedOp:
         if len(self.workloads) != len(self.reps):
             raise ValueError(f"{len(self.workloads)} workloads but {len(self.reps)} rep counts")
         return self
@@ -164,7 +165,7 @@ class GateOp(_Wire):
     checked: tuple[CheckedRun, ...]
 
 
-WorkerOp = Annotated[Union[TimedOp, LogitsOp, CheckedOp, GateOp], Field(discriminator="kind")]
+WorkerOp = Annotated[TimedOp | LogitsOp | CheckedOp | GateOp, Field(discriminator="kind")]
 OPS = ("timed", "logits", "checked", "gate")
 
 
@@ -181,7 +182,7 @@ class WorkerRequest(_Wire):
     op: WorkerOp
 
     @model_validator(mode="after")
-    def _one_engine(self) -> "WorkerRequest":
+    def _one_engine(self) -> WorkerRequest:
         if (self.entry_point is None) == (self.harness_engine is None):
             raise ValueError("exactly one of entry_point and harness_engine must be set")
         return self
@@ -228,7 +229,7 @@ class WorkerResult(_Wire):
     transient: bool = False
     traceback: str | None = None
 
-    def rank_only(self) -> "WorkerResult":
+    def rank_only(self) -> WorkerResult:
         """A succeeding rank r > 0's own outcome (rank 0 carries the results)."""
         return WorkerResult(ok=self.ok, rank=self.rank, pid=self.pid, at_ns=self.at_ns)
 
