@@ -305,6 +305,7 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
     rows: list[tuple[int, Any, dict[int, list[int]], list[int], tuple[int, ...], np.ndarray]] = []
     geom = rnd.engine_target().geometry
     from .engine import LogitsRequest
+    from .worker.protocol import LogitsOp, LogitsRows
 
     for i, seed in enumerate(seeds):
         report("progress", task="reference logits", done=i, total=len(seeds), message=f"seed {seed}")
@@ -335,11 +336,10 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         for b in batches:
             report("progress", task="candidate workers", done=done, total=total,
                    message=f"{name}: seeds {', '.join(str(seeds[i]) for i in b)}")
-            body = gate.candidate_call("logits", {"requests": [{"token_ids": list(rows[i][4]), "positions": rows[i][3]}
-                                                               for i in b]}, target=variant,
-                                       timeout_s=target.speed.timeout_s * len(b))
-            identities.setdefault(name, body["identity"])
-            out += [np.load(f["path"]) for f in body["logits"]]
+            res = gate.candidate_call(LogitsOp(requests=tuple(LogitsRows.of(rows[i][4], rows[i][3]) for i in b)),
+                                      target=variant, timeout_s=target.speed.timeout_s * len(b)).result
+            identities.setdefault(name, res.identity)
+            out += [np.load(f.path) for f in res.logits or []]
             done += 1
         logits[name] = out
     report("progress", task="candidate workers", done=total, total=total, message="done")

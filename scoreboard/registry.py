@@ -1,7 +1,9 @@
 """Engine discovery: entry point group ``scoreboard.engines``, loaded lazily by name.
 
 Built-ins use the same path as third-party plugins. Tests inject engines with :func:`inject`, which
-adds entries to the same table the entry points fill.
+adds entries to the same table the entry points fill. A worker process never reads this table: the parent
+resolves the engine to its "module:attr" (:func:`entry_point`) and the worker request carries it, so an
+engine injected as a spec whose module sits in an arm's engines/ runs in that arm's workers too.
 """
 
 from __future__ import annotations
@@ -79,26 +81,46 @@ def options_models(name: str) -> tuple[type, type] | None:
 
 def load(name: str) -> Engine:
     """Instantiate the engine registered as `name`; unknown names get a did-you-mean."""
+    spec = _lookup(name)
+    return _check(name, spec, spec()) if callable(spec) else load_entry_point(name, spec)
+
+
+def entry_point(name: str) -> str:
+    """The "module:attr" that engine `name` resolves to here, for a worker process to import: the parent
+    resolves, the worker imports exactly that (an injected engine reaches the worker this way too, as long
+    as its module is on the worker's import path, e.g. an arm's engines/)."""
+    spec = _lookup(name)
+    if callable(spec):
+        raise InputError(f"engine {name!r} is injected as a factory, which no worker process can import",
+                         f"inject it as a \"module:attr\" spec: registry.inject({name!r}, \"engines.x.engine:X\")")
+    return spec
+
+
+def load_entry_point(name: str, spec: str) -> Engine:
+    """Instantiate engine `name` from its "module:attr" spec (what :func:`entry_point` gave)."""
+    module, _, attr = spec.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except ImportError as exc:
+        raise InputError(
+            f"engine {name!r} could not be imported ({spec}): {exc}",
+            "install its extra, e.g. `pip install -e '.[sparkinfer]'`",
+        ) from exc
+    return _check(name, spec, obj())
+
+
+def _lookup(name: str) -> str | Callable[[], Engine]:
     table = _table()
     if name not in table:
         close = difflib.get_close_matches(name, table, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known engines: {', '.join(sorted(table)) or 'none'}"
         raise InputError(f"unknown engine {name!r}", f"{hint} (engines register under entry point group {GROUP!r})")
-    spec = table[name]
-    if callable(spec):
-        engine = spec()
-    else:
-        module, _, attr = spec.partition(":")
-        try:
-            obj = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except ImportError as exc:
-            raise InputError(
-                f"engine {name!r} could not be imported ({spec}): {exc}",
-                "install its extra, e.g. `pip install -e '.[sparkinfer]'`",
-            ) from exc
-        engine = obj()
+    return table[name]
+
+
+def _check(name: str, spec: object, engine: object) -> Engine:
     if not isinstance(engine, Engine):
         raise InputError(f"engine {name!r} ({spec}) is not a scoreboard.engine.Engine")
     return engine

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: repository paths."""
+"""Shared pytest fixtures: repository paths; tests marked `gpu` are skipped where no CUDA device is."""
 
 from __future__ import annotations
 
@@ -7,6 +7,25 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The declared `gpu` marker (pyproject) skips its tests without a CUDA device; torch is only imported
+    when some collected test carries it."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu or _cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in gpu:
+        item.add_marker(skip)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from scoreboard.worker.handshake import PROTOCOL, decode, encode
 from scoreboard.worker.nullengine import expected_output
 from scoreboard.round.reveal import block_order, derived
 from scoreboard.round.launch import run_worker
+from scoreboard.worker.protocol import TimedOp
 from scoreboard.round.clock import SessionPlan, run_session
 
 GEOM = Geometry(n_ctx=64, n_batch=16, n_ubatch=16, n_threads=1)
@@ -112,17 +113,15 @@ def _tree(tmp_path: Path, mode: str | None) -> Path:
     return root
 
 
-def _timed(root: Path, tmp_path: Path, plan: SessionPlan | None = None, engine_req: dict | None = None,
+def _timed(root: Path, tmp_path: Path, plan: SessionPlan | None = None, harness_engine: str | None = None,
            isolation: str = "bwrap"):
     plan = plan or SessionPlan([WL], [REVEALS], warmup=1)
     target = EngineTarget("stub", Path("/nonexistent.gguf"), (), "cpu", GEOM)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    payload = {"workloads": [{"phase": w.phase, "depth": w.depth, "n_tokens": w.n_tokens,
-                              "prompt_ids": list(w.prompt_ids)} for w in plan.workloads],
-               "reps": [len(r) for r in plan.reveals], **(engine_req or {})}
-    return run_worker("sparkinfer", root, target, tmp_path / "cache", "timed", payload, 60, workdir=work,
-                      session=lambda ch: run_session(ch, plan), isolation=isolation)
+    op = TimedOp.of(plan.workloads, [len(r) for r in plan.reveals])
+    return run_worker("sparkinfer", root, target, tmp_path / "cache", op, 60, workdir=work,
+                      session=lambda ch: run_session(ch, plan), isolation=isolation, harness_engine=harness_engine)
 
 
 def _want(revealed: tuple[int, ...]) -> list[int]:
@@ -189,7 +188,7 @@ def test_the_null_engine_measures_the_handshake_itself(tmp_path):
     empty = tmp_path / "empty"
     (empty / "engines").mkdir(parents=True)  # no candidate code: the sandbox binds an empty engines/
     plan = SessionPlan([WL], [REVEALS], warmup=0)
-    reps = _timed(empty, tmp_path, plan, {"harness_engine": "null"}).session[0]
+    reps = _timed(empty, tmp_path, plan, harness_engine="null").session[0]
     assert len(reps) == 4 and all(r.token_ids == expected_output(WL, REVEALS[r.variant][1]) for r in reps)
     assert all(0 < r.ns < 2_000_000_000 for r in reps)  # generous: a loaded box, never seconds
 

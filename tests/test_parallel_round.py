@@ -25,6 +25,7 @@ from scoreboard.lockfile import LockError, load_lock, parse_lock
 from scoreboard.round.candidate import HARNESS_ROOT
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.round.launch import run_worker
+from scoreboard.worker.protocol import CheckedOp, CheckedRun, LogitsOp, LogitsRows, TimedOp
 from scoreboard.round.clock import SessionPlan, run_session
 from scoreboard.history.verify import verify as verify_all
 from scoreboard.weights.verify import default_cache, ensure_generated
@@ -183,14 +184,14 @@ def _stub_target(mode: str, ranks: int = 2) -> EngineTarget:
 
 
 def _run_stub(stub_root: Path, tmp_path: Path, mode: str, op: str = "logits", timeout_s: float = 120, ranks: int = 2):
-    wl = {"phase": "decode", "depth": 1, "n_tokens": 3, "prompt_ids": []}
-    payload = {"logits": {"requests": [{"token_ids": [1, 2, 3], "positions": [2]}]},
-               "checked": {"checked": [{"workload": wl, "reveals": [[1]]}]},
-               "timed": {"workloads": [wl], "reps": [3]}}[op]
-    plan = SessionPlan([Workload("decode", 1, 3, ())], [[(0, (1,)), (1, (2,)), (2, (3,))]], warmup=1)
+    wl = Workload("decode", 1, 3, ())
+    payload = {"logits": LogitsOp(requests=(LogitsRows.of([1, 2, 3], [2]),)),
+               "checked": CheckedOp(checked=(CheckedRun.of(wl, [[1]]),)),
+               "timed": TimedOp.of([wl], [3])}[op]
+    plan = SessionPlan([wl], [[(0, (1,)), (1, (2,)), (2, (3,))]], warmup=1)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    return run_worker("sparkinfer", stub_root, _stub_target(mode, ranks), tmp_path / "cache", op, payload, timeout_s,
+    return run_worker("sparkinfer", stub_root, _stub_target(mode, ranks), tmp_path / "cache", payload, timeout_s,
                       workdir=work, session=(lambda ch: run_session(ch, plan)) if op == "timed" else None)
 
 
@@ -231,12 +232,12 @@ def processes_naming(path: Path) -> list[int]:
 
 def test_two_ranks_agree_and_report_every_fingerprint(stub_root, tmp_path):
     res = _run_stub(stub_root, tmp_path, "ok")
-    body = res.body
-    assert body["ok"] and body["identity"]["source"] == {"stub": True}
-    fps = body["ranks"]
+    body = res.result
+    assert body.ok and body.identity["source"] == {"stub": True}
+    fps = body.ranks
     assert [fp["rank"]["rank"] for fp in fps] == [0, 1]
     assert len({fp["rank"]["pid"] for fp in fps}) == 2 and all(fp["rank"]["backend"] == "gloo" for fp in fps)
-    assert np.load(body["logits"][0]["path"]).shape == (1, 8)
+    assert np.load(body.logits[0].path).shape == (1, 8)
     assert "torch.distributed.run" in res.command
     assert len(_rank_pids(tmp_path)) == 2 and _gone([], tmp_path)
 
@@ -286,8 +287,8 @@ def test_rank_zero_clock_waits_for_the_slowest_rank(stub_root, tmp_path):
 def test_an_engine_without_ranks_is_refused(tmp_path):
     """llamacpp splits inside one process (-sm); launching it as ranks is refused by the harness."""
     with pytest.raises(EngineError) as exc:
-        run_worker("llamacpp", HARNESS_ROOT, _stub_target("ok"), tmp_path, "logits",
-                   {"requests": [{"token_ids": [1], "positions": [0]}]}, 120, workdir=tmp_path)
+        run_worker("llamacpp", HARNESS_ROOT, _stub_target("ok"), tmp_path,
+                   LogitsOp(requests=(LogitsRows.of([1], [0]),)), 120, workdir=tmp_path)
     assert "runs as at most 1 process(es)" in exc.value.message
 
 
@@ -306,17 +307,17 @@ def _k3_target(shards, ranks: int) -> EngineTarget:
 @pytest.mark.slow
 def test_expert_parallel_logits_through_torchrun_equal_the_single_process(shards, tmp_path):
     ids = list(range(1, 200))
-    req = {"requests": [{"token_ids": ids, "positions": [0, 63, 150, 198]}]}
-    one = run_worker("sparkinfer", HARNESS_ROOT, _k3_target(shards, 1), default_cache(), "logits", req, 300,
-                     workdir=tmp_path)
-    two = run_worker("sparkinfer", HARNESS_ROOT, _k3_target(shards, 2), default_cache(), "logits", req, 300,
-                     workdir=tmp_path)
-    a, b = np.load(one.body["logits"][0]["path"]), np.load(two.body["logits"][0]["path"])
+    req = LogitsOp(requests=(LogitsRows.of(ids, [0, 63, 150, 198]),))
+    one = run_worker("sparkinfer", HARNESS_ROOT, _k3_target(shards, 1), default_cache(), req, 300,
+                     workdir=tmp_path).result
+    two = run_worker("sparkinfer", HARNESS_ROOT, _k3_target(shards, 2), default_cache(), req, 300,
+                     workdir=tmp_path).result
+    a, b = np.load(one.logits[0].path), np.load(two.logits[0].path)
     assert np.array_equal(a, b)  # top-2 routing: at most two non-zero expert terms, any order is exact
-    par = two.body["identity"]["extra"]["parallel"]
+    par = two.identity["extra"]["parallel"]
     assert par["world"] == 2 and par["backend"] == "gloo"
     assert [b[0] for b in par["plan"]["bands"]] == [0, par["plan"]["n_expert"] // 2]
-    assert "parallel" not in one.body["identity"]["extra"]
+    assert "parallel" not in one.identity["extra"]
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from scoreboard.round import sandbox
 from scoreboard.round.candidate import HARNESS_ROOT
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.round.launch import run_worker
+from scoreboard.worker.protocol import LogitsOp, LogitsRows
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def _target(**options) -> EngineTarget:
     return EngineTarget("probe", Path("/nonexistent.gguf"), (), "cpu", GEOM, options=options)
 
 
-REQ = {"requests": [{"token_ids": [1, 2, 3], "positions": [2]}]}
+REQ = LogitsOp(requests=(LogitsRows.of([1, 2, 3], [2]),))
 
 
 @pytest.fixture
@@ -155,8 +156,8 @@ def test_the_command_is_built_from_explicit_binds(tmp_path):
 def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monkeypatch):
     monkeypatch.setenv("SCOREBOARD_SIGNING_KEY", "/somewhere/key.pem")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
-    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), "logits", REQ, 120)
-    seen = res.body["identity"]["extra"]["seen"]
+    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), REQ, 120)
+    seen = res.result.identity["extra"]["seen"]
     assert seen["uid"] == 65534 and seen["gid"] == 65534
     assert seen["scoreboard"] == "/sb/harness/scoreboard/__init__.py"
     assert seen["engine"] == "/sb/arm/engines/sparkinfer/engine.py"
@@ -176,8 +177,8 @@ def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monke
 def test_the_opt_out_runs_a_plain_subprocess(probe_root, private_tmp, tmp_path):
     cache = tmp_path / "cache"  # unsandboxed, the engine writes into the cache it is given
     cache.mkdir()
-    res = run_worker("sparkinfer", probe_root, _target(), cache, "logits", REQ, 120, isolation="none")
-    seen = res.body["identity"]["extra"]["seen"]
+    res = run_worker("sparkinfer", probe_root, _target(), cache, REQ, 120, isolation="none")
+    seen = res.result.identity["extra"]["seen"]
     assert seen["uid"] == os.getuid() and seen["engine"].startswith(str(probe_root))
     assert res.isolation == {"tool": "none"}
     assert list(private_tmp.iterdir()) == []
@@ -188,8 +189,8 @@ def test_the_opt_out_runs_a_plain_subprocess(probe_root, private_tmp, tmp_path):
 
 def test_launch_dirs_are_private_and_inside_the_round_root(probe_root, tmp_path):
     root = sandbox.new_scratch_root(tmp_path)
-    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), "logits", REQ, 120, workdir=root)
-    launch = Path(res.body["logits"][0]["path"]).parent
+    res = run_worker("sparkinfer", probe_root, _target(), default_cache(), REQ, 120, workdir=root)
+    launch = Path(res.result.logits[0].path).parent
     assert launch.parent == root and launch.name.startswith("sb-worker-")
     assert oct(root.stat().st_mode & 0o777) == "0o700" and oct(launch.stat().st_mode & 0o777) == "0o700"
     sandbox.remove_tree(root)
@@ -198,7 +199,7 @@ def test_launch_dirs_are_private_and_inside_the_round_root(probe_root, tmp_path)
 
 def test_scratch_is_removed_after_a_timeout(probe_root, private_tmp):
     with pytest.raises(EngineError, match="exceeded the 3 s timeout"):
-        run_worker("sparkinfer", probe_root, _target(sleep=600), default_cache(), "logits", REQ, 3)
+        run_worker("sparkinfer", probe_root, _target(sleep=600), default_cache(), REQ, 3)
     assert list(private_tmp.iterdir()) == []
     assert processes_naming(str(private_tmp)) == []
 
@@ -213,10 +214,11 @@ def test_ctrl_c_during_a_launch_leaves_no_scratch_and_no_process(probe_root, tmp
         from pathlib import Path
         from scoreboard.engine import EngineTarget, Geometry
         from scoreboard.round.launch import run_worker
+        from scoreboard.worker.protocol import LogitsOp, LogitsRows
         t = EngineTarget("probe", Path("/nonexistent.gguf"), (), "cpu", Geometry(256, 64, 64, 1), options={{"sleep": 600}})
         print("start", flush=True)
-        run_worker("sparkinfer", Path({str(probe_root)!r}), t, Path({str(tmp_path / 'cache')!r}), "logits",
-                   {{"requests": [{{"token_ids": [1], "positions": [0]}}]}}, 600)
+        run_worker("sparkinfer", Path({str(probe_root)!r}), t, Path({str(tmp_path / 'cache')!r}),
+                   LogitsOp(requests=(LogitsRows.of([1], [0]),)), 600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

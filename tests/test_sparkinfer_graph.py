@@ -170,7 +170,7 @@ def test_engine_static_decode_equals_the_eager_engine(shards):
     assert prefill.cache is not static.handle.decoder.cache
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_captured_graph_gives_the_eager_tokens_on_cuda(shards):
     engine = SparkInferEngine()
     graph = engine.prepare(_target(shards, "cuda"), Path("unused"))

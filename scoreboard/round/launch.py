@@ -3,7 +3,6 @@ result file."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -14,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import registry
 from ..engine import EngineTarget
 from ..errors import EngineError, TransientError
 from ..worker.distributed import launch_command
 from ..worker.handshake import ParentChannel, make_fifos
-from ..worker.serve import pid_path, result_path, target_to_dict
+from ..worker.protocol import (ProtocolError, WireTarget, WorkerOp, WorkerRequest, WorkerResult, check_result,
+                               decode_result, encode, failure, pid_path, result_path)
 from . import sandbox
 from .candidate import HARNESS_ROOT
 
@@ -27,12 +28,19 @@ SECRET_ENV = ("SCOREBOARD_SIGNING_KEY", "GH_TOKEN", "GITHUB_TOKEN", "HF_TOKEN")
 
 
 @dataclass
-class WorkerResult:
-    body: dict[str, Any]
-    wall_ns: int
+class WorkerRun:
+    """One launch as the parent saw it: the worker's result, and what only the parent measures or knows."""
+
+    result: WorkerResult
+    wall_ns: int  # the parent's clock around the whole launch
     command: list[str]  # the worker's own command (inside the sandbox, without bwrap's binds)
     session: Any = None  # what the parent's clock session returned (op "timed")
     isolation: dict[str, Any] | None = None
+
+    @property
+    def base_command(self) -> list[str]:
+        """The launch without its scratch files (request.json, result.json): what a receipt records."""
+        return [c for c in self.command if not c.endswith(".json")]
 
 
 def worker_env(import_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -65,11 +73,15 @@ def sandboxed(import_root: Path, target: EngineTarget, cache_dir: Path, scratch:
                           fallback_env=worker_env(import_root, env), fallback_cache=cache_dir)
 
 
-def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: str,
-               payload: dict[str, Any], timeout_s: float, workdir: Path | None = None,
-               env: dict[str, str] | None = None, session: Callable[[ParentChannel], Any] | None = None,
-               isolation: str = "bwrap") -> WorkerResult:
+def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
+               timeout_s: float, workdir: Path | None = None, env: dict[str, str] | None = None,
+               session: Callable[[ParentChannel], Any] | None = None, isolation: str = "bwrap",
+               harness_engine: str | None = None) -> WorkerRun:
     """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
+
+    `engine` is resolved here, through the registry, to the entry point the worker imports (`harness_engine`
+    "null": the harness's own null engine instead). A result that is not this harness's protocol is an
+    EngineError, like a worker that crashed.
 
     The launch runs sandboxed (sandbox.launch; `isolation="none"` opts out) in a private directory inside
     `workdir` (the round's scratch root, which its owner removes), or, without a workdir, in a private root
@@ -77,29 +89,31 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
 
     With `session` (op "timed"): the clock handshake's two FIFOs are made in the launch's scratch directory
     before the launch, and `session(channel)` runs here, in the parent, while the worker runs; its return
-    value is `WorkerResult.session`. The wall clock bounds the whole launch. On timeout every process is
+    value is `WorkerRun.session`. The wall clock bounds the whole launch. On timeout every process is
     stopped (the launcher's session, then each rank by the pid it recorded, or the sandbox's pid namespace)
     and none is left running.
     """
     own_root = sandbox.new_scratch_root() if workdir is None else None
     try:
-        return _run_worker(engine, import_root, target, cache_dir, op, payload, timeout_s,
-                           sandbox.new_launch_dir(own_root or Path(workdir)), env, isolation, session)
+        return _run_worker(engine, import_root, target, cache_dir, op, timeout_s,
+                           sandbox.new_launch_dir(own_root or Path(workdir)), env, isolation, session, harness_engine)
     finally:
         sandbox.remove_tree(own_root)
 
 
-def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: str,
-                payload: dict[str, Any], timeout_s: float, tmp: Path, env: dict[str, str] | None,
-                isolation: str, session: Callable[[ParentChannel], Any] | None) -> WorkerResult:
+def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
+                timeout_s: float, tmp: Path, env: dict[str, str] | None, isolation: str,
+                session: Callable[[ParentChannel], Any] | None, harness_engine: str | None) -> WorkerRun:
+    entry = None if harness_engine else registry.entry_point(engine)
     res = tmp / "result.json"
     if session is not None:
         make_fifos(tmp)
     cmd = worker_command(target.ranks, tmp / "request.json", res)
     box = sandboxed(import_root, target, cache_dir, tmp, cmd, env, isolation)
-    req = {"engine": engine, "target": target_to_dict(target), "cache_dir": box.cache_dir, "op": op,
-           "timeout_s": timeout_s, **payload}
-    (tmp / "request.json").write_text(json.dumps(req))
+    req = WorkerRequest(engine=engine, entry_point=entry, harness_engine=harness_engine, target=WireTarget.of(target),
+                        cache_dir=box.cache_dir, timeout_s=timeout_s, op=op)
+    (tmp / "request.json").write_text(encode(req))
+    name = f"{engine} worker ({op.kind}{_world(target)})"
     log = tmp / "worker.log"
     t0 = time.perf_counter_ns()
     deadline = time.monotonic() + timeout_s
@@ -126,7 +140,7 @@ def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir:
             _kill_group(proc)  # what the worker left running in its session (a background process) goes too
         except (subprocess.TimeoutExpired, TimeoutError):
             _stop(proc, res, world)
-            raise EngineError(f"{engine} worker ({op}{_world(target)}) exceeded the {timeout_s:.0f} s timeout; "
+            raise EngineError(f"{name} exceeded the {timeout_s:.0f} s timeout; "
                               f"every process was stopped; log {log}",
                               "raise speed.timeout_s in the target policy only if the workload is really that slow")
         except BaseException:  # Ctrl-C: leave no rank behind
@@ -136,25 +150,34 @@ def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir:
             _reap_ranks(res, world)
     wall = time.perf_counter_ns() - t0
     out = log.read_text(errors="replace")
-    body = _result(res, target.ranks, out)
+    try:
+        body = _result(res, target.ranks, out)
+    except ProtocolError as exc:  # what a crashed worker gets: the worker did not deliver a result
+        raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {log}\n{out[-2000:]}".rstrip(),
+                          exc.hint) from None
     if sess_error is not None and not any(x in sess_error.message for x in ("exited before it finished",
                                                                            "the worker failed")):
         # the parent saw the session break first (a forged or out-of-order message); what the worker says
         # afterwards (a broken pipe) follows from it
-        raise EngineError(f"{engine} ({op}): {sess_error.message} (log {log})", sess_error.hint)
+        raise EngineError(f"{engine} ({op.kind}): {sess_error.message} (log {log})", sess_error.hint)
+    if body is not None and body.ok:
+        try:
+            check_result(op, body)
+        except ProtocolError as exc:
+            raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {log}", exc.hint) from None
     if body is None:
         tail = out[-2000:]
-        raise EngineError(f"{engine} worker ({op}{_world(target)}) crashed with exit {proc.returncode} and no result; "
+        raise EngineError(f"{name} crashed with exit {proc.returncode} and no result; "
                           f"log {log}\n{tail}")
-    if not body.get("ok"):
-        cls = TransientError if body.get("transient") else EngineError
-        detail = body.get("traceback") or ""
-        where = f" on rank {body['rank']} of {target.ranks}" if target.ranks > 1 else ""
-        raise cls(f"{engine} ({op}) failed{where}: {body.get('error')} (log {log})\n{detail[-1500:]}".rstrip(),
-                  body.get("hint"))
+    if not body.ok:
+        cls = TransientError if body.transient else EngineError
+        detail = body.traceback or ""
+        where = f" on rank {body.rank} of {target.ranks}" if target.ranks > 1 else ""
+        raise cls(f"{engine} ({op.kind}) failed{where}: {body.error} (log {log})\n{detail[-1500:]}".rstrip(),
+                  body.hint)
     if sess_error is not None:
         raise EngineError(f"{sess_error.message} (log {log})", sess_error.hint)
-    return WorkerResult(body, wall, cmd, sess_value, box.isolation)
+    return WorkerRun(body, wall, cmd, sess_value, box.isolation)
 
 
 def _world(target: EngineTarget) -> str:
@@ -167,14 +190,14 @@ _PEER = re.compile(r"connection (reset|closed) by peer|broken pipe|socket closed
 _TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
 
 
-def _result(res: Path, world: int, log_text: str = "") -> dict[str, Any] | None:
+def _result(res: Path, world: int, log_text: str = "") -> WorkerResult | None:
     """Rank 0's result when every rank succeeded; else the root cause over all ranks, in this order: a rank's
     own error (earliest first), a rank that died without writing its outcome, and only then a rank's report
-    that a peer went away (what every survivor says after the real failure)."""
-    bodies = {r: _read(result_path(res, r)) for r in range(world)}
-    failed = sorted((b for b in bodies.values() if b is not None and b.get("ok") is False),
-                    key=lambda b: b.get("at_ns", 0))
-    own = [b for b in failed if not _PEER.search(str(b.get("error", "")))]
+    that a peer went away (what every survivor says after the real failure). A malformed result file of any
+    rank raises ProtocolError."""
+    bodies = {r: _read(result_path(res, r), r) for r in range(world)}
+    failed = sorted((b for b in bodies.values() if b is not None and not b.ok), key=lambda b: b.at_ns)
+    own = [b for b in failed if not _PEER.search(b.error or "")]
     if own:
         return own[0]
     if world > 1:
@@ -190,21 +213,25 @@ def _result(res: Path, world: int, log_text: str = "") -> dict[str, Any] | None:
             r = None
         if r is not None:
             how = f"exit code {codes[r]}" if r in codes else "no exit code reported"
-            return {"ok": False, "rank": r, "transient": False, "error": f"rank {r} ended without a result ({how}); "
-                    "the other ranks' errors follow from it", "hint": "see the worker log for its output"}
+            return failure(f"rank {r} ended without a result ({how}); the other ranks' errors follow from it",
+                           "see the worker log for its output", rank=r)
     if failed:
         return failed[0]
     head = bodies[0]
-    if head is None or (world > 1 and any(b is None or not b.get("ok") for b in bodies.values())):
+    if head is None or (world > 1 and any(b is None or not b.ok for b in bodies.values())):
         return None  # killed or crashed without a word from any rank
     return head
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path, rank: int) -> WorkerResult | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return None
+    try:
+        return decode_result(text)
+    except ProtocolError as exc:
+        raise ProtocolError(f"rank {rank}'s {exc.message}" if rank else exc.message, exc.hint) from None
 
 
 def _rank_pids(res: Path, world: int) -> list[int]:

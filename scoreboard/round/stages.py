@@ -17,7 +17,8 @@ from .candidate import import_root
 from .prompt import Prompt, draw_prompt
 from .reveal import Variants, block_order, metric_variants
 from .schedule import balanced_schedule
-from .launch import run_worker
+from .launch import WorkerRun, run_worker
+from ..worker.protocol import CheckedRun, GateOp, LogitsRows, TimedOp, WorkerOp
 
 if TYPE_CHECKING:
     from .run import Round
@@ -178,28 +179,28 @@ class GateStage:
             depths.append(grade_depth(d, ps, ref[sel], cand[sel], pol, (baselines or {}).get(d)))
         return GateResult(depths)
 
-    def candidate_call(self, op: str, payload: dict[str, Any], source=None, session=None,
-                       root: Path | None = None, target=None, timeout_s: float | None = None) -> dict[str, Any]:
+    def candidate_call(self, op: WorkerOp, source=None, session=None, root: Path | None = None, target=None,
+                       timeout_s: float | None = None, harness_engine: str | None = None) -> WorkerRun:
         """One fresh worker of the candidate engine (`target`: the candidate's, unless a calibration
         asks for a variant of it: another precision, an injected fault, several prompts in one launch)."""
         rnd = self.rnd
         source = source or rnd.source
         res = run_worker(rnd.target.candidate_engine, root or import_root(source, rnd.opts.cache_dir),
-                         target or rnd.candidate_target(), rnd.opts.cache_dir, op, payload,
+                         target or rnd.candidate_target(), rnd.opts.cache_dir, op,
                          timeout_s or rnd.target.speed.timeout_s, workdir=rnd.scratch, env=rnd.device_env(),
-                         session=session, isolation=rnd.opts.isolation)
+                         session=session, isolation=rnd.opts.isolation, harness_engine=harness_engine)
         iso = rnd.receipt["environment"].get("isolation")
         if iso is not None and res.isolation and res.isolation.get("binds") and "binds" not in iso:
             from .sandbox import receipt_binds
 
             iso["binds"] = receipt_binds(res.isolation)
-        base = [c for c in res.command if not c.endswith(".json")]  # the launch, without its scratch files
-        if base + [f"<{op}>"] not in rnd.receipt["commands"]:
-            rnd.receipt["commands"].append(base + [f"<{op}>"])
-        if "ranks" in res.body:
-            self.check_ranks(res.body["ranks"])
-        self.record_peaks(res.body.get("peak_memory") or [])
-        return {**res.body, "_wall_ns": res.wall_ns, "_command": base, "_session": res.session}
+        base = res.base_command
+        if base + [f"<{op.kind}>"] not in rnd.receipt["commands"]:
+            rnd.receipt["commands"].append(base + [f"<{op.kind}>"])
+        if res.result.ranks is not None:
+            self.check_ranks(res.result.ranks)
+        self.record_peaks([p.as_dict() for p in res.result.peak_memory])
+        return res
 
     def record_peaks(self, peaks: list[dict[str, Any]]) -> None:
         """environment.peak_memory: per rank, the largest peak any candidate launch reached, next to the
@@ -244,14 +245,11 @@ class GateStage:
             r["commands"].append(ref.command)
         rnd.report("step", message=f"candidate logits and its checked outputs for {self.n_variants} secret "
                                    "variants per metric (fresh worker process)")
-        body = self.candidate_call("gate", {"requests": [{"token_ids": list(ids), "positions": positions}],
-                                            "checked": [{"workload": _wl(v.workload),
-                                                         "reveals": [list(x) for x in v.reveals]}
-                                                        for v in self.variants]})
-        r["candidate"] = _side(rnd, rnd.source, body["identity"])
+        res = self.candidate_call(gate_op(ids, positions, self.variants)).result
+        r["candidate"] = _side(rnd, rnd.source, res.identity)
         if rnd.main_source is not None:
             r["main"] = _side(rnd, rnd.main_source, {})
-        cand = np.load(body["logits"][0]["path"])
+        cand = np.load(res.logits[0].path)
         # the ratchet basis was read and seal-checked at preflight, before this candidate's process ran
         # (which may have hidden or rewritten rounds/ since): never re-read here
         baselines = rnd.history.ratchet_baselines()
@@ -263,7 +261,7 @@ class GateStage:
         # the checked outputs, one per secret variant, graded against the reference; every timed rep must
         # reproduce its variant's
         rnd.report("step", message="checked outputs against the reference (each timed rep must reproduce its variant's)")
-        outputs = body.get("checked")
+        outputs = res.checked
         if not isinstance(outputs, list) or len(outputs) != len(self.variants):
             raise EngineError("the gate worker returned no checked outputs for the metrics' variants")
         gate["checked"], gate["greedy_check"], gate["prefill_check"] = {}, [], []
@@ -355,8 +353,10 @@ def padded(ids: tuple[int, ...], n_ubatch: int, n_ctx: int, filler: tuple[int, .
     return ids + tuple(fill)
 
 
-def _wl(w: Workload) -> dict[str, Any]:
-    return {"phase": w.phase, "depth": w.depth, "n_tokens": w.n_tokens, "prompt_ids": list(w.prompt_ids)}
+def gate_op(ids: tuple[int, ...], positions: list[int], variants: list[Variants]) -> GateOp:
+    """The gate's worker request: logits at every gate row, and each metric's secret variants run untimed."""
+    return GateOp(requests=(LogitsRows.of(ids, positions),),
+                  checked=tuple(CheckedRun.of(v.workload, v.reveals) for v in variants))
 
 
 def implausible_arm(ceiling: dict[str, Any] | None, entry: dict[str, Any], arm: str) -> str | None:
@@ -477,17 +477,16 @@ class SpeedStage:
         plan = SessionPlan([var.workload], [[(v, var.reveals[v]) for v in range(n)]], warmup=0)
         empty = Path(rnd.opts.cache_dir) / "import-shims" / "null"  # no candidate code on its import path
         (empty / "engines").mkdir(parents=True, exist_ok=True)
-        body = self.gate.candidate_call("timed", {"harness_engine": "null", "workloads": [_wl(var.workload)],
-                                                  "reps": [n]},
-                                        session=lambda ch: run_session(ch, plan), root=empty)
-        reps = body["_session"][0]
+        run = self.gate.candidate_call(TimedOp.of([var.workload], [n]), session=lambda ch: run_session(ch, plan),
+                                       root=empty, harness_engine="null")
+        reps = run.session[0]
         bad = [x.variant for x in reps if x.token_ids != expected_output(var.workload, var.reveals[x.variant])]
         if bad:
             raise EngineError(f"the harness's null engine answered variants {bad} wrongly", "report this harness bug")
         ns = sorted(x.ns for x in reps)
         return {"engine": NAME, "metric": var.key, "reps": len(ns), "round_trip_ns": [x.ns for x in reps],
                 "median_ns": int(ns[len(ns) // 2]) if len(ns) % 2 else int((ns[len(ns) // 2 - 1] + ns[len(ns) // 2]) // 2),
-                "max_ns": int(ns[-1]), "wall_ns": body["_wall_ns"]}
+                "max_ns": int(ns[-1]), "wall_ns": run.wall_ns}
 
     def run_arm(self, arm: str, variants: list[Variants], reps: int, block: int | None) -> list[dict[str, Any]]:
         if arm == "reference":
@@ -498,11 +497,10 @@ class SpeedStage:
         orders = [block_order(rnd.seed, arm, block, v.key, len(v.reveals), n) for v in variants]
         plan = SessionPlan([v.workload for v in variants],
                            [[(i, v.reveals[i]) for i in order] for v, order in zip(variants, orders)], warmup)
-        body = self.gate.candidate_call("timed", {"workloads": [_wl(v.workload) for v in variants],
-                                                  "reps": [n] * len(variants)},
-                                        source=self.arm_source(arm), session=lambda ch: run_session(ch, plan))
-        wall = int(body["_wall_ns"])
-        runs = body["_session"]
+        run = self.gate.candidate_call(TimedOp.of([v.workload for v in variants], [n] * len(variants)),
+                                       source=self.arm_source(arm), session=lambda ch: run_session(ch, plan))
+        wall = int(run.wall_ns)
+        runs = run.session
         total = sum(x.ns for reps_ in runs for x in reps_)
         if total > wall:  # both readings are the parent's: only a harness bug could break this
             raise EngineError(f"{arm}: {total} ns of timed reps inside {wall} ns of launch wall clock",
@@ -512,7 +510,7 @@ class SpeedStage:
             out.append({"block": block if block is not None else -1, "samples_ns": [x.ns for x in reps_],
                         "n_tokens": [var.workload.n_tokens for _ in reps_], "token_ids": [x.token_ids for x in reps_],
                         "variants": [x.variant for x in reps_], "worker_ns": [x.worker_ns for x in reps_],
-                        "wall_ns": wall, "command": body["_command"], "clock": "harness"})
+                        "wall_ns": wall, "command": run.base_command, "clock": "harness"})
         return out
 
     def reference_block(self, w: Workload, reps: int, block: int | None) -> dict[str, Any]:

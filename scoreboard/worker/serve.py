@@ -1,6 +1,6 @@
 """Fresh-process engine worker: `python -m scoreboard.worker REQUEST.json RESULT.json`.
 
-The parent (the round) writes a request, starts this module in a new process whose import path
+The parent (the round) writes a request (scoreboard.worker.protocol: typed, versioned), starts this module in a new process whose import path
 puts the candidate's `engines/` first and the harness's own `scoreboard` second, and reads the
 result file (never the worker's stdout). No time is taken here: for op "timed" the worker follows the
 clock handshake (scoreboard.worker.handshake) over the FIFOs beside its request, and the parent's clock makes
@@ -28,53 +28,33 @@ import numpy as np
 
 from .. import registry
 from .distributed import RankGroup, launched_rank, launched_world
-from ..engine import EngineTarget, Geometry, LogitsRequest, Workload
+from ..engine import LogitsRequest
 from ..errors import EngineError, ScoreboardError, TransientError
 from .handshake import WorkerChannel
+from .protocol import (LogitsFile, PeakMemory, TimedOp, WireGeometry, WorkerRequest, WorkerResult, decode_request,
+                       encode, failure, pid_path, result_path)
 
 
-def target_from_dict(d: dict[str, Any]) -> EngineTarget:
-    return EngineTarget(target_id=d["target_id"], model_path=Path(d["model_path"]),
-                        shard_paths=tuple(Path(p) for p in d["shard_paths"]), device=d["device"],
-                        geometry=Geometry(**d["geometry"]), reference=None, options=d.get("options", {}),
-                        ranks=int(d.get("ranks", 1)))
-
-
-def target_to_dict(t: EngineTarget) -> dict[str, Any]:
-    return {"target_id": t.target_id, "model_path": str(t.model_path), "shard_paths": [str(p) for p in t.shard_paths],
-            "device": t.device, "geometry": t.geometry.as_dict(), "options": dict(t.options), "ranks": t.ranks}
-
-
-# an op is one or more parts run in order on one prepared engine ("gate": the gate's logits and its checked
-# outputs — greedy decode for every decode variant, the next token for every prefill variant, in one process, so the
-# weights are loaded once for both)
-OPS: dict[str, tuple[str, ...]] = {"timed": ("timed",), "logits": ("logits",), "checked": ("checked",),
-                                   "gate": ("logits", "checked")}
-
-
-def workload_from_dict(w: dict[str, Any]) -> Workload:
-    return Workload(w["phase"], int(w["depth"]), int(w["n_tokens"]), tuple(int(x) for x in w["prompt_ids"]))
-
-
-def _engine(req: dict[str, Any]):
-    """The request's engine: an entry point (what a lock names), or the harness's own null engine, which only
-    the harness's request can ask for (no entry point resolves to it)."""
-    if req.get("harness_engine") == "null":
+def _engine(req: WorkerRequest):
+    """The request's engine: the entry point the parent's registry resolved (what a lock names), or the harness's
+    own null engine, which only the harness's request can ask for (no entry point resolves to it)."""
+    if req.harness_engine == "null":
         from .nullengine import NullEngine
 
         return NullEngine()
-    return registry.load(req["engine"])
+    assert req.entry_point is not None  # the request's own validation: one of the two is set
+    return registry.load_entry_point(req.engine, req.entry_point)
 
 
-def _session(engine, prepared, req: dict[str, Any], scratch: Path, group: RankGroup | None) -> None:
+def _session(engine, prepared, op: TimedOp, scratch: Path, group: RankGroup | None) -> None:
     """The timed reps, rep by rep as the parent reveals them (rank 0 holds the channel)."""
     lead = group is None or group.rank == 0
     chan = WorkerChannel(scratch) if lead else None
     try:
         if chan is not None:
             chan.send("hello", pid=os.getpid())
-        for i, (w, n) in enumerate(zip(req["workloads"], req["reps"])):
-            workload = workload_from_dict(w)
+        for i, (w, n) in enumerate(zip(op.workloads, op.reps)):
+            workload = w.workload()
             for j in range(int(n)):
                 state = engine.begin(prepared, workload)
                 engine.synchronize(prepared)
@@ -107,116 +87,114 @@ def _session(engine, prepared, req: dict[str, Any], scratch: Path, group: RankGr
             chan.close()
 
 
-def _handle(req: dict[str, Any], out_dir: Path, group: RankGroup | None) -> dict[str, Any]:
+def _handle(req: WorkerRequest, out_dir: Path, group: RankGroup | None) -> WorkerResult:
     engine = _engine(req)
-    target = target_from_dict(req["target"])
+    target = req.target.target()
     world = group.world if group else 1
     if target.ranks != world:
         raise EngineError(f"target wants {target.ranks} rank(s), this worker runs in a world of {world}",
                           "multi-rank targets are launched by the round through torchrun")
     if world > 1 and engine.max_ranks < world:
-        raise EngineError(f"engine {req['engine']!r} runs as at most {engine.max_ranks} process(es), the target "
+        raise EngineError(f"engine {req.engine!r} runs as at most {engine.max_ranks} process(es), the target "
                           f"asks for {world}", "set parallel.ranks = 1 for this engine's targets")
-    prepared = engine.prepare(target, Path(req["cache_dir"]))
-    result: dict[str, Any] = {"identity": prepared.identity.as_dict(), "engine_module": type(engine).__module__,
-                              "engine_file": sys.modules[type(engine).__module__].__file__}
+    prepared = engine.prepare(target, Path(req.cache_dir))
+    head: dict[str, Any] = {"identity": prepared.identity.as_dict(), "engine_module": type(engine).__module__,
+                            "engine_file": sys.modules[type(engine).__module__].__file__}
+    ranks = None
     if group is not None:
-        group.agree(json.dumps(result, sort_keys=True, default=str), "the engine identity")
-        result["ranks"] = group.fingerprints()
+        group.agree(json.dumps(head, sort_keys=True, default=str), "the engine identity")
+        ranks = group.fingerprints()
+    op, logits, checked = req.op, None, None
     try:
-        parts = OPS.get(req["op"])
-        if parts is None:
-            raise ScoreboardError(f"unknown worker op {req['op']!r}; known: {', '.join(OPS)}")
-        if "timed" in parts:
-            _session(engine, prepared, req, out_dir, group)
-        if "logits" in parts:
-            files = []
-            for i, q in enumerate(req["requests"]):
-                r = engine.logits(prepared, LogitsRequest(tuple(q["token_ids"]), tuple(q["positions"]), target.geometry))
-                logits = np.ascontiguousarray(r.logits, dtype=np.float32)
-                if group is not None:
-                    group.agree_bytes(logits.tobytes(), "the logits")
-                path = out_dir / f"logits-{i}.npy"
-                if group is None or group.rank == 0:
-                    np.save(path, logits)
-                files.append({"path": str(path), "geometry": r.geometry.as_dict()})
-            result["logits"] = files
-        if "checked" in parts:  # the gate's checked outputs: the same begin/step, untimed, one per variant
-            checked = []
-            for c in req["checked"]:
-                workload = workload_from_dict(c["workload"])
-                outs = []
-                for revealed in c["reveals"]:
-                    state = engine.begin(prepared, workload)
-                    toks = [int(x) for x in engine.step(prepared, state, tuple(int(x) for x in revealed))]
-                    if group is not None:
-                        group.agree(toks, f"the checked {workload.phase} output")
-                    outs.append(toks)
-                checked.append(outs)
-            result["checked"] = checked
+        if "timed" in op.parts:
+            _session(engine, prepared, op, out_dir, group)
+        if "logits" in op.parts:
+            logits = _logits(engine, prepared, op.requests, target.geometry, out_dir, group)
+        if "checked" in op.parts:
+            checked = _checked(engine, prepared, op.checked, group)
     finally:
         engine.close(prepared)
     peak = peak_memory()
-    result["peak_memory"] = group.gather(peak) if group is not None else [peak]
-    return result
+    peaks = group.gather(peak.as_dict()) if group is not None else [peak.as_dict()]
+    return WorkerResult(ok=True, ranks=ranks, logits=logits, checked=checked,
+                        peak_memory=[PeakMemory(**p) for p in peaks], **head)
 
 
-def peak_memory() -> dict[str, Any]:
+def _logits(engine, prepared, requests, geometry, out_dir: Path, group: RankGroup | None) -> list[LogitsFile]:
+    """One .npy per request in the launch's scratch (rank 0 writes it, after every rank agreed on the bytes)."""
+    files = []
+    for i, q in enumerate(requests):
+        r = engine.logits(prepared, LogitsRequest(tuple(q.token_ids), tuple(q.positions), geometry))
+        logits = np.ascontiguousarray(r.logits, dtype=np.float32)
+        if group is not None:
+            group.agree_bytes(logits.tobytes(), "the logits")
+        path = out_dir / f"logits-{i}.npy"
+        if group is None or group.rank == 0:
+            np.save(path, logits)
+        files.append(LogitsFile(path=str(path), geometry=WireGeometry.of(r.geometry)))
+    return files
+
+
+def _checked(engine, prepared, runs, group: RankGroup | None) -> list[list[list[int]]]:
+    """The gate's checked outputs: the same begin/step as the timed session, untimed, one per variant."""
+    checked = []
+    for c in runs:
+        workload = c.workload.workload()
+        outs = []
+        for revealed in c.reveals:
+            state = engine.begin(prepared, workload)
+            toks = [int(x) for x in engine.step(prepared, state, tuple(int(x) for x in revealed))]
+            if group is not None:
+                group.agree(toks, f"the checked {workload.phase} output")
+            outs.append(toks)
+        checked.append(outs)
+    return checked
+
+
+def peak_memory() -> PeakMemory:
     """This process's peak memory so far, in GiB: host RSS (getrusage) and, when the engine used CUDA, the
     torch allocator's peak on this process's device. What the fit check predicted per rank is compared
     with this (the harness reads it; the engine does not report it)."""
     import resource
 
-    out: dict[str, Any] = {"rank": launched_rank(),
-                           "host_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 4),
-                           "device_gib": None}
+    device = None
     torch = sys.modules.get("torch")  # never imported here for an engine that did not
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["device_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 4)
-    return out
+        device = round(torch.cuda.max_memory_allocated() / 2**30, 4)
+    return PeakMemory(rank=launched_rank(), device_gib=device,
+                      host_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 4))
 
 
-def result_path(res_path: Path, rank: int) -> Path:
-    """Rank 0 (and a single worker) writes RESULT; rank r > 0 writes RESULT.rank{r}.json beside it."""
-    return res_path if rank == 0 else res_path.with_name(f"{res_path.stem}.rank{rank}.json")
-
-
-def pid_path(res_path: Path, rank: int) -> Path:
-    return res_path.with_name(f"{res_path.stem}.rank{rank}.pid")
-
-
-def _write(path: Path, body: dict[str, Any]) -> None:
+def _write(path: Path, result: WorkerResult) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body))
+    tmp.write_text(encode(result))
     tmp.replace(path)
 
 
 def main(argv: list[str]) -> int:
     req_path, res_path = Path(argv[0]), Path(argv[1])
-    req = json.loads(req_path.read_text())
     rank = launched_rank()
     if launched_world() > 1:  # so that the parent can make sure no rank outlives the launch
         pid_path(res_path, rank).write_text(str(os.getpid()))
     group: RankGroup | None = None
-    body: dict[str, Any] = {"ok": False, "error": "interrupted", "hint": None, "transient": False}
+    result = failure("interrupted")
     try:
+        req = decode_request(req_path.read_text())
         if launched_world() > 1:
-            group = RankGroup.from_env(req["target"]["device"], float(req.get("timeout_s", 600)))
-        body = {"ok": True, **_handle(req, res_path.parent, group)}
+            group = RankGroup.from_env(req.target.device, req.timeout_s)
+        result = _handle(req, res_path.parent, group)
     except ScoreboardError as exc:
-        body = {"ok": False, "error": exc.message, "hint": exc.hint, "transient": isinstance(exc, TransientError)}
+        result = failure(exc.message, exc.hint, isinstance(exc, TransientError))
     except MemoryError as exc:
-        body = {"ok": False, "error": f"out of memory: {exc}", "hint": None, "transient": True}
+        result = failure(f"out of memory: {exc}", transient=True)
     except Exception as exc:  # an engine bug: report with its traceback, not transient
         transient = "out of memory" in str(exc).lower() or "CUDA error" in str(exc)
-        body = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(),
-                "hint": None, "transient": transient}
+        result = failure(f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), transient=transient)
     finally:
-        if group is not None and body.get("ok"):
+        if group is not None and result.ok:
             group.close()
-    body.update(rank=rank, pid=os.getpid(), at_ns=time.time_ns())
-    if rank and body["ok"]:
-        body = {k: body[k] for k in ("ok", "rank", "pid", "at_ns")}  # rank 0 carries the results
-    _write(result_path(res_path, rank), body)
-    return 0 if body["ok"] else 3
-
+    result = result.model_copy(update={"rank": rank, "pid": os.getpid(), "at_ns": time.time_ns()})
+    if rank and result.ok:
+        result = result.rank_only()  # rank 0 carries the results
+    _write(result_path(res_path, rank), result)
+    return 0 if result.ok else 3

@@ -1,0 +1,163 @@
+"""`run_round` end to end in seconds: toy engines (tests/toy_engine.py) injected through the registry.
+
+The reference toy runs in the round's process (an injected factory); the candidate toy runs in the round's
+fresh worker processes, which never read the parent's registry: the candidate's commit (a throwaway git
+repository, `RoundOptions.repo`) holds it as `engines/toy/engine.py`, the registry maps "toy" to that entry
+point, and the worker request carries the entry point the parent resolved. Everything else is the real
+round: lock loading, history, preflight on generated k3-mini weights (in a private cache), the gate, the
+interleaved speed blocks with the parent's clock, the verdict, the seal and the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import tomlkit
+import toy_engine
+from receipt_factory import zero_slots
+from sandbox_fixtures import git
+
+from scoreboard import registry
+from scoreboard.engine import EngineTarget, Geometry
+from scoreboard.errors import EngineError, InputError
+from scoreboard.history.verify import verify as verify_all
+from scoreboard.lockfile import load_lock
+from scoreboard.round.launch import run_worker
+from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.weights.verify import ensure_generated
+from scoreboard.worker.protocol import LogitsOp, LogitsRows
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = "toy-cpu"
+TOY_TARGET = """
+[targets.toy-cpu]
+description = "toy engines on the generated k3-mini weights: fast orchestration tests"
+model = "toy"
+weights = "k3-mini"
+quant = "F32"
+node = "cpu-x86_64"
+reference = "llama-cpp-python-0-3-36"
+reference_engine = "toy-ref"
+candidate_engine = "toy"
+device = "cpu"
+geometry = { n_ctx = 256, n_batch = 128, n_ubatch = 128, n_threads = 1 }
+metrics = [
+  { phase = "decode", depth = 64, n_tokens = 4, role = "scored" },
+  { phase = "prefill", depth = 0, n_tokens = 64, role = "guard" },
+]
+gate = { depths = [32, 64], rows_per_depth = 4, top1_min = 0.95, kl_max = 0.001, kl_prefer = 0.0001, kl_p99_max = 0.01 }
+tiers = { buckets = { XS = 0.02, S = 0.035, M = 0.06, L = 0.10, XL = 0.18 }, max_ci_width = 0.5, guard_tolerance = 0.05, min_blocks = 2, bootstrap_resamples = 200 }
+speed = { warmup_reps = 1, reps = 2, blocks = 2, timeout_s = 60 }
+fit = { scratch_gib = 1, plan = "one process on the host: every weight resident in RAM" }
+"""
+
+
+@pytest.fixture(autouse=True)
+def toy_engines():
+    """"toy" by entry point (its module lives in the candidate's engines/), "toy-ref" as a factory."""
+    registry.inject("toy", "engines.toy.engine:ToyEngine")
+    registry.inject_options("toy", toy_engine.ToyOptions)
+    registry.inject("toy-ref", toy_engine.ToyReference)
+    yield
+    registry.uninject("toy")
+    registry.uninject("toy-ref")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A private cache with the generated k3-mini weights (preflight re-hashes them against the lock)."""
+    root = tmp_path_factory.mktemp("cache")
+    ensure_generated(load_lock(REPO / "reference.lock"), "k3-mini", root)
+    return root
+
+
+@pytest.fixture
+def candidate_repo(tmp_path: Path) -> Path:
+    """A git repository whose main commit holds the toy candidate as engines/toy/engine.py."""
+    repo = tmp_path / "repo"
+    (repo / "engines" / "toy").mkdir(parents=True)
+    (repo / "engines" / "__init__.py").write_text("")
+    (repo / "engines" / "toy" / "__init__.py").write_text("")
+    shutil.copyfile(Path(toy_engine.__file__), repo / "engines" / "toy" / "engine.py")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "toy main")
+    return repo
+
+
+@pytest.fixture
+def lock(tmp_path: Path) -> Path:
+    doc = zero_slots(tomlkit.parse((REPO / "reference.lock").read_text()))
+    doc["targets"][TARGET] = tomlkit.parse(TOY_TARGET)["targets"][TARGET]
+    path = tmp_path / "reference.lock"
+    path.write_text(tomlkit.dumps(doc))
+    load_lock(path)
+    return path
+
+
+def _round(lock: Path, repo: Path, cache: Path, tmp_path: Path, **kw):
+    opts = RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds", cache_dir=cache, seed=5,
+                        repo=repo, isolation="none", require_calibration=False, **kw)
+    return run_round(opts)
+
+
+def test_a_main_round_of_toy_engines_is_a_sealed_baseline(lock, candidate_repo, cache, tmp_path):
+    out = _round(lock, candidate_repo, cache, tmp_path)
+    r = out.receipt
+    assert r["status"] == "verdict", r["aborted"]
+    assert r["gate"]["pass"], r["gate"]["reasons"]
+    assert r["verdict"]["label"] == "BASELINE" and out.exit_code == 0
+    assert r["candidate"]["identity"]["engine"] == "toy" and r["reference"]["identity"]["engine"] == "toy-ref"
+    speed = r["speed"]
+    assert speed["handshake"]["reps"] == speed["n_variants"] == 3  # warm-up + 2 reps: one variant each
+    for m in speed["metrics"]:
+        assert m["timed_output_ok"] and m["plausible"]
+        blocks = m["arms"]["candidate"]["blocks"]
+        assert [b["block"] for b in blocks] == [0, 1] and all(len(b["samples_ns"]) == 2 for b in blocks)
+        assert all(b["clock"] == "harness" and b["command"][-2:] == ["-m", "scoreboard.worker"] for b in blocks)
+        assert all(sum(b["samples_ns"]) < b["wall_ns"] for b in blocks)
+    assert [c[-1] for c in r["commands"] if c[-1].startswith("<")] == ["<gate>", "<timed>"]
+    assert [p["rank"] for p in r["environment"]["peak_memory"]] == [0]
+    assert out.path is not None and out.path.exists()
+    assert verify_all(lock, tmp_path / "rounds").ok
+    ledger = [json.loads(x) for x in (tmp_path / "rounds" / "ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["round_id"] == r["round_id"]
+
+
+def test_a_candidate_with_wrong_logits_is_rejected_before_timing(lock, candidate_repo, cache, tmp_path):
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate_options={"mode": "wrong_logits"})
+    r = out.receipt
+    assert r["status"] == "verdict" and r["verdict"]["label"] == "REJECT" and out.exit_code == 2
+    assert not r["gate"]["pass"] and r["speed"] is None
+    assert any("kl" in x.lower() for x in r["gate"]["reasons"]), r["gate"]["reasons"]
+    assert out.path is not None and verify_all(lock, tmp_path / "rounds").ok
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("raise_in_prepare", "toy (gate) failed: RuntimeError: the toy engine's prepare crashed"),
+    ("exit_in_prepare", "toy worker (gate) crashed with exit 7 and no result"),
+    ("forge_result", ("toy worker (gate) wrote a malformed result: worker result: rank: Input should be a "
+                      "valid integer")),
+])
+def test_an_engine_crash_in_prepare_is_a_sealed_aborted_receipt(mode, says, lock, candidate_repo, cache, tmp_path):
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate_options={"mode": mode})
+    r = out.receipt
+    assert r["status"] == "aborted" and out.exit_code == 1 and r["verdict"] is None
+    assert r["aborted"]["stage"] == "gate" and says in r["aborted"]["reason"], r["aborted"]
+    assert r["reference"]["identity"]["engine"] == "toy-ref"  # who was going to run is still recorded
+    assert out.path is not None and out.path.exists()  # an engine crash is sealed
+    assert verify_all(lock, tmp_path / "rounds").ok
+
+
+def test_an_engine_injected_as_a_factory_cannot_reach_a_worker(cache):
+    target = EngineTarget("toy", Path("/nonexistent.gguf"), (), "cpu", Geometry(64, 64, 64, 1))
+    op = LogitsOp(requests=(LogitsRows.of([1], [0]),))
+    with pytest.raises(InputError, match="'toy-ref' is injected as a factory, which no worker process can import"):
+        run_worker("toy-ref", REPO, target, cache, op, 30, isolation="none")
+    # the entry point resolves, but this import root's engines/ has no toy: the worker itself says so
+    with pytest.raises(EngineError, match=r"toy \(logits\) failed: engine 'toy' could not be imported "
+                                          r"\(engines\.toy\.engine:ToyEngine\)"):
+        run_worker("toy", REPO, target, cache, op, 30, isolation="none")

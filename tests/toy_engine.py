@@ -1,0 +1,110 @@
+"""Tiny deterministic engines for fast round tests: no torch, no llama.cpp, no weights read.
+
+Both engines compute the same toy "model": the next-token logits after a prefix are a pseudo-random
+float32 vector seeded by the prefix (`row`), so a correct candidate agrees with the reference exactly and
+its greedy outputs are the reference's argmax. The reference (`ToyReference`, clock "reference-tool")
+runs in the round's own process; the candidate (`ToyEngine`, clock "harness") runs in the round's
+workers, so this file is also copied into a candidate tree as `engines/toy/engine.py` and reached through
+the registry's entry point "engines.toy.engine:ToyEngine" (tests/test_round_fast.py).
+
+The candidate's `mode` option picks a behaviour: "ok", "wrong_logits" (logits of another model, its
+outputs still self-consistent), "raise_in_prepare" (an engine bug), "exit_in_prepare" (the process dies
+without a result) and "forge_result" (the process writes a malformed result file and exits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from scoreboard.engine import Engine, EngineIdentity, LogitsResult, Prepared, Rep
+
+VOCAB = 64
+STEP_S = 0.002  # per forward: a rate well under any ceiling, and samples a real clock cannot repeat exactly
+
+
+class ToyOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["ok", "wrong_logits", "raise_in_prepare", "exit_in_prepare", "forge_result"] = "ok"
+
+
+def row(prefix: tuple[int, ...] | list[int], salt: bytes = b"") -> np.ndarray:
+    """The toy model's next-token logits after `prefix`: float32 [VOCAB]."""
+    digest = hashlib.sha256(salt + np.asarray(prefix, dtype=np.int64).tobytes()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little")).standard_normal(VOCAB).astype(np.float32)
+
+
+def _logits(token_ids: tuple[int, ...], positions: tuple[int, ...], salt: bytes = b"") -> np.ndarray:
+    return np.stack([row(token_ids[: p + 1], salt) for p in positions]) if positions else np.zeros((0, VOCAB))
+
+
+def _identity(name: str, target, mode: str) -> EngineIdentity:
+    return EngineIdentity(engine=name, version="toy-1", source={"toy": True}, device=target.device,
+                          extra={"mode": mode})
+
+
+class ToyReference(Engine):
+    name = "toy-ref"
+    clock = "reference-tool"
+
+    def describe(self, target):
+        return _identity(self.name, target, "reference")
+
+    def prepare(self, target, cache_dir, progress=None):
+        return Prepared(self.describe(target))
+
+    def logits(self, prepared, request):
+        return LogitsResult(_logits(request.token_ids, request.positions), request.geometry)
+
+    def timed(self, prepared, workload, reps):
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            time.sleep(STEP_S * (workload.n_tokens if workload.phase == "decode" else 1))
+            out.append(Rep(time.perf_counter_ns() - t0, workload.n_tokens, clock="reference-tool",
+                           command=["toy-reference", workload.phase, str(workload.depth), str(workload.n_tokens)]))
+        return out
+
+
+class ToyEngine(Engine):
+    name = "toy"
+    clock = "harness"
+
+    def describe(self, target):
+        return _identity(self.name, target, ToyOptions(**target.options).mode)
+
+    def prepare(self, target, cache_dir, progress=None):
+        mode = ToyOptions(**target.options).mode
+        if mode == "raise_in_prepare":
+            raise RuntimeError("the toy engine's prepare crashed")
+        if mode == "exit_in_prepare":
+            os._exit(7)
+        if mode == "forge_result":  # the worker's argv: REQUEST.json RESULT.json
+            Path(sys.argv[2]).write_text('{"protocol": "scoreboard-worker/1", "ok": true, "rank": "zero"}')
+            os._exit(0)
+        return Prepared(self.describe(target), handle=b"wrong" if mode == "wrong_logits" else b"")
+
+    def logits(self, prepared, request):
+        return LogitsResult(_logits(request.token_ids, request.positions, prepared.handle), request.geometry)
+
+    def begin(self, prepared, workload):
+        return list(workload.prompt_ids), workload
+
+    def step(self, prepared, state, revealed):
+        seq, workload = list(state[0]) + list(revealed), state[1]
+        if workload.phase == "prefill":
+            time.sleep(STEP_S)
+            return [int(np.argmax(row(seq, prepared.handle)))]
+        out = []
+        for _ in range(workload.n_tokens):
+            time.sleep(STEP_S)
+            out.append(int(np.argmax(row(seq, prepared.handle))))
+            seq.append(out[-1])
+        return out
