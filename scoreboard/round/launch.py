@@ -293,3 +293,32 @@ def _stop(proc: subprocess.Popen, res: Path, world: int, grace_s: float = 10.0) 
         except subprocess.TimeoutExpired:
             continue
     _reap_ranks(res, world)
+    _await_gone(res.parent)
+
+
+def _naming(text: bytes) -> list[int]:
+    """Host pids whose command line names `text` (every worker's names its request in the launch's scratch)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if text in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def _await_gone(scratch: Path, grace_s: float = 5.0) -> None:
+    """After a stop: the kernel tears a killed sandbox's pid namespace down asynchronously, so a worker can
+    outlive the launcher's exit by a moment. Wait for every process naming this launch's scratch to go (and
+    kill any left after `grace_s`), so the scratch is removed with nothing still writing into it."""
+    key = str(scratch).encode()
+    deadline = time.monotonic() + grace_s
+    while _naming(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _naming(key):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

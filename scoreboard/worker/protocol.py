@@ -254,10 +254,10 @@ def check_result(op: TimedOp | LogitsOp | CheckedOp | GateOp, result: WorkerResu
     problems = []
     if result.identity is None:
         problems.append("identity: missing (every successful op prepared an engine)")
-    if "logits" in op.parts and (result.logits is None or len(result.logits) != len(op.requests)):
+    if isinstance(op, (LogitsOp, GateOp)) and (result.logits is None or len(result.logits) != len(op.requests)):
         got = "none" if result.logits is None else len(result.logits)
         problems.append(f"logits: op {op.kind} asked for {len(op.requests)} logits file(s), got {got}")
-    if "checked" in op.parts and result.checked is None:
+    if isinstance(op, (CheckedOp, GateOp)) and result.checked is None:
         problems.append(f"checked: op {op.kind} asked for {len(op.checked)} checked run(s), got none")
     if problems:
         raise ProtocolError("worker result: " + "; ".join(problems))

@@ -31,7 +31,7 @@ from .distributed import RankGroup, launched_rank, launched_world
 from ..engine import LogitsRequest
 from ..errors import EngineError, ScoreboardError, TransientError
 from .handshake import WorkerChannel
-from .protocol import (LogitsFile, PeakMemory, TimedOp, WireGeometry, WorkerRequest, WorkerResult, decode_request,
+from .protocol import (CheckedOp, GateOp, LogitsFile, LogitsOp, PeakMemory, TimedOp, WireGeometry, WorkerRequest, WorkerResult, decode_request,
                        encode, failure, pid_path, result_path)
 
 
@@ -106,11 +106,11 @@ def _handle(req: WorkerRequest, out_dir: Path, group: RankGroup | None) -> Worke
         ranks = group.fingerprints()
     op, logits, checked = req.op, None, None
     try:
-        if "timed" in op.parts:
+        if isinstance(op, TimedOp):
             _session(engine, prepared, op, out_dir, group)
-        if "logits" in op.parts:
+        if isinstance(op, (LogitsOp, GateOp)):
             logits = _logits(engine, prepared, op.requests, target.geometry, out_dir, group)
-        if "checked" in op.parts:
+        if isinstance(op, (CheckedOp, GateOp)):
             checked = _checked(engine, prepared, op.checked, group)
     finally:
         engine.close(prepared)
