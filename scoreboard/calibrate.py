@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from .history import ledger
 from .errors import InputError, NonCompliant
@@ -454,37 +454,12 @@ def file_bytes(record: Mapping[str, Any]) -> bytes:
 
 
 def _read_lines(rounds_dir: str | os.PathLike[str]) -> list[bytes]:
-    p = chain_path(rounds_dir)
-    if not p.exists():
-        return []
-    data = p.read_bytes()
-    if data and not data.endswith(b"\n"):
-        raise NonCompliant(f"{p}: last line has no newline (truncated write or hand edit)",
-                           "run `scoreboard verify` for the full report")
-    return data.split(b"\n")[:-1] if data else []
+    return ledger.read_chain_file(chain_path(rounds_dir))
 
 
 def chain_problems(lines: list[bytes]) -> list[tuple[int, str, str]]:
-    problems: list[tuple[int, str, str]] = []
-    prev = ""
-    for i, raw in enumerate(lines, start=1):
-        try:
-            obj = json.loads(raw)
-            ChainLine.model_validate(obj)
-        except ValidationError as exc:
-            problems += [(i, ".".join(map(str, e["loc"])) or "<line>", e["msg"]) for e in exc.errors()]
-            obj = None
-        except ValueError as exc:
-            problems.append((i, "<line>", f"not JSON ({exc})"))
-            obj = None
-        if isinstance(obj, dict):
-            if canonical_bytes(obj) != raw:
-                problems.append((i, "<line>", "not in canonical form (edited by hand)"))
-            if obj.get("prev_sha256") != prev:
-                problems.append((i, "prev_sha256", "is not the hash of the previous line: a line was deleted, "
-                                 "inserted, reordered or edited"))
-        prev = sha256_hex(raw)
-    return problems
+    """The calibration chain's problems, by the same rules as the rounds' ledger (schema: ChainLine)."""
+    return ledger.chain_problems(lines, ChainLine)
 
 
 def read_chain(rounds_dir: str | os.PathLike[str]) -> list[ChainLine]:

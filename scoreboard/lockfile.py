@@ -62,62 +62,54 @@ def _check_exclude(v: tuple[str, ...]) -> tuple[str, ...]:
     return v
 
 
-class GitReference(_Model):
+class _SourceTree(_Model):
+    """What both reference kinds share: how the source is built, and the tree pin any transport can satisfy."""
+
+    cmake_flags: Tuple[str] = ()
+    # the git tree id of the source as built (tree_exclude left out): any transport that delivers exactly this
+    # tree satisfies the pin; "" = not pinned by tree (only the pinned transport can deliver it)
+    tree: str = ""
+    tree_exclude: Tuple[str] = ()  # root-relative paths that are not build inputs, removed before hashing
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, v: str) -> str:
+        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
+
+    @field_validator("tree_exclude")
+    @classmethod
+    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_exclude(v)
+
+
+class GitReference(_SourceTree):
     kind: Literal["git"]
     repo: str
     ref: str
     commit: str
     base_commit: str
-    cmake_flags: Tuple[str] = ()
-    # the git tree id of the source as built (tree_exclude left out): any transport that delivers exactly this
-    # tree satisfies the pin; "" = not pinned by tree (only the pinned repository and commit can deliver it)
-    tree: str = ""
-    tree_exclude: Tuple[str] = ()  # root-relative paths that are not build inputs, removed before hashing
 
     @field_validator("commit", "base_commit")
     @classmethod
     def _sha(cls, v: str) -> str:
         return _check_sha(v, _SHA1, "a git commit")
 
-    @field_validator("tree")
-    @classmethod
-    def _tree(cls, v: str) -> str:
-        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
-
-    @field_validator("tree_exclude")
-    @classmethod
-    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_exclude(v)
-
     def identity(self) -> dict[str, str]:
         return {"kind": "git", "repo": self.repo, "ref": self.ref, "commit": self.commit, "base_commit": self.base_commit}
 
 
-class SdistReference(_Model):
+class SdistReference(_SourceTree):
     kind: Literal["pypi-sdist"]
     package: str
     version: str
     sha256: str
     subdir: str
     upstream: str = ""  # informational, e.g. "ggml-org/llama.cpp@0c1e57098"
-    cmake_flags: Tuple[str] = ()
-    tree: str = ""  # git tree id of `subdir` as built (tree_exclude left out); "" = only the sdist can deliver it
-    tree_exclude: Tuple[str] = ()
 
     @field_validator("sha256")
     @classmethod
     def _sha(cls, v: str) -> str:
         return _check_sha(v, _SHA256, "an sdist sha256")
-
-    @field_validator("tree")
-    @classmethod
-    def _tree(cls, v: str) -> str:
-        return _check_sha(v, _SHA1, "a git tree id", allow_empty=True)
-
-    @field_validator("tree_exclude")
-    @classmethod
-    def _exclude(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_exclude(v)
 
     def identity(self) -> dict[str, str]:
         return {"kind": "pypi-sdist", "package": self.package, "version": self.version, "sha256": self.sha256,

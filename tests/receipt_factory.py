@@ -89,6 +89,23 @@ def zero_slots(doc: Any) -> Any:
     return doc
 
 
+def shrunk_lock(dest: Path, target: str = "k3-mini-cpu", *, blocks: int = 2, reps: int = 1,
+                warmup_reps: int | None = 1) -> Path:
+    """The repo's reference.lock written to `dest` (a file path) with a fresh history (slots zeroed) and
+    `target`'s speed policy shrunk to test size (warmup_reps None: left as the lock has it); validated."""
+    from scoreboard.lockfile import load_lock
+
+    doc = zero_slots(tomlkit.parse((REPO / "reference.lock").read_text(encoding="utf-8")))
+    speed = doc["targets"][target]["speed"]
+    speed["blocks"], speed["reps"] = blocks, reps
+    if warmup_reps is not None:
+        speed["warmup_reps"] = warmup_reps
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    load_lock(dest)
+    return dest
+
+
 def lock_with_test_target(dest_dir: Path) -> Path:
     """Copy the repo's reference.lock into dest_dir (slots zeroed) and add the test target's tables."""
     path = Path(dest_dir) / "reference.lock"

@@ -16,10 +16,8 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import tomlkit
 
-from receipt_factory import zero_slots
-from scoreboard.lockfile import load_lock
+from receipt_factory import shrunk_lock
 from scoreboard.round.candidate import HARNESS_ROOT
 
 TARGET = "k3-mini-cpu"
@@ -57,16 +55,7 @@ def commit_files(repo: Path, files: dict[str, str], message: str = "hostile") ->
 
 
 def small_lock(tmp_path: Path) -> Path:
-    doc = tomlkit.parse((HARNESS_ROOT / "reference.lock").read_text())
-    t = doc["targets"][TARGET]
-    t["speed"]["blocks"] = 2
-    t["speed"]["reps"] = 1
-    t["speed"]["warmup_reps"] = 1
-    zero_slots(doc)
-    p = tmp_path / "reference.lock"
-    p.write_text(tomlkit.dumps(doc))
-    load_lock(p)
-    return p
+    return shrunk_lock(tmp_path / "reference.lock", TARGET)
 
 
 HOSTILE_ENGINE = '''

@@ -131,3 +131,11 @@ def test_the_cli_runs_the_gpu_target_and_refuses_it_until_it_is_calibrated(lock,
     err = " ".join(out.stderr.split())
     assert "'k3-gpu-h200' has no calibration" in err and "scoreboard gate calibrate k3-gpu-h200" in err
     assert not (tmp_path / "rounds").exists()
+
+
+def test_every_node_class_gives_the_decode_ceiling_a_bandwidth():
+    """A node without memory_bandwidth_gbs leaves its rounds without the physical bound on decode rates (the
+    receipt's speed.ceiling is null): every node class in the lock must carry one."""
+    lock = load_lock(REPO / "reference.lock")
+    missing = [name for name, node in lock.nodes.items() if node.memory_bandwidth_gbs is None]
+    assert not missing, f"nodes without memory_bandwidth_gbs: {missing}"

@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomlkit
 
-from receipt_factory import zero_slots
+from receipt_factory import shrunk_lock
 from scoreboard.errors import InputError
-from scoreboard.lockfile import load_lock
 from scoreboard.round import ready
 from scoreboard.round.run import RoundOptions, UnsealedReceipt, run_round
 from scoreboard.history.seal import generate_keypair
@@ -33,16 +31,7 @@ TARGET = "k3-mini-cpu"
 
 @pytest.fixture
 def lock(tmp_path: Path) -> Path:
-    doc = tomlkit.parse((REPO / "reference.lock").read_text())
-    t = doc["targets"][TARGET]
-    t["speed"]["blocks"] = 2
-    t["speed"]["reps"] = 1
-    zero_slots(doc)
-    p = tmp_path / "lock" / "reference.lock"
-    p.parent.mkdir()
-    p.write_text(tomlkit.dumps(doc))
-    load_lock(p)
-    return p
+    return shrunk_lock(tmp_path / "lock" / "reference.lock", TARGET, warmup_reps=None)
 
 
 def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:
@@ -126,7 +115,7 @@ def _blocking_user_site(tmp_path: Path, module: str) -> Path:
 def test_a_worker_environment_that_cannot_import_a_dependency_is_refused(lock, tmp_path, monkeypatch):
     # the worker's interpreter reads a user site the parent never read: tomlkit is missing there only
     monkeypatch.setenv("PYTHONUSERBASE", str(_blocking_user_site(tmp_path, "tomlkit")))
-    with pytest.raises(InputError, match=r"the main \(harness\) worker cannot import scoreboard.worker in its own "
+    with pytest.raises(InputError, match=r"the main \(harness\) worker cannot import scoreboard.worker.serve in its own "
                                          r"environment: ModuleNotFoundError: import of tomlkit halted") as exc:
         run_round(_opts(lock, tmp_path))
     assert "does not inherit this process's PYTHONPATH" in exc.value.hint and "-m pip install" in exc.value.hint
@@ -135,8 +124,8 @@ def test_a_worker_environment_that_cannot_import_a_dependency_is_refused(lock, t
 
 def test_the_probe_takes_the_launch_command_and_environment():
     python, env = ready.worker_launch(REPO)
-    assert ready.probe_worker_imports(python, env, ["scoreboard.worker", "json"]) == {
-        "scoreboard.worker": None, "json": None}
+    assert ready.probe_worker_imports(python, env, ["scoreboard.worker.serve", "json"]) == {
+        "scoreboard.worker.serve": None, "json": None}
     got = ready.probe_worker_imports(python, env, ["json", "no_such_module_xyz", "os"])
     assert got == {"json": None, "no_such_module_xyz": "ModuleNotFoundError: No module named 'no_such_module_xyz'"}
     assert "did not run" in ready.probe_worker_imports(["/nonexistent/python"], env, ["json"])["json"]

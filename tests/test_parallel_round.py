@@ -200,8 +200,12 @@ def _rank_pids(tmp_path: Path) -> list[int]:
 
 def _gone(pids: list[int], tmp_path: Path | None = None) -> bool:
     """No rank left: inside the sandbox the recorded pids are the pid namespace's own (never signalled or probed
-    from outside), so look for any host process whose command line names this test's scratch directory."""
+    from outside), so look for any host process whose command line names this test's scratch directory. A killed
+    process can take a moment to be reaped on a loaded box: poll for up to 10 s (a leaked rank stays forever)."""
     if tmp_path is not None:
+        deadline = time.monotonic() + 10
+        while processes_naming(tmp_path / "work") and time.monotonic() < deadline:
+            time.sleep(0.2)
         return not processes_naming(tmp_path / "work")
     for pid in pids:
         try:

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from scoreboard.errors import LockError
-import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
 from calibration_fixtures import seed_calibration
-from receipt_factory import zero_slots
+from receipt_factory import shrunk_lock
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.history.verify import verify as verify_all
@@ -33,15 +32,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def lock(tmp_path: Path) -> Path:
-    doc = tomlkit.parse((REPO / "reference.lock").read_text())
-    t = doc["targets"][TARGET]
-    t["speed"]["blocks"] = 2
-    t["speed"]["reps"] = 1
-    t["speed"]["warmup_reps"] = 1
-    zero_slots(doc)  # a fresh history: this test's own frontier
-    p = tmp_path / "reference.lock"
-    p.write_text(tomlkit.dumps(doc))
-    load_lock(p)
+    p = shrunk_lock(tmp_path / "reference.lock", TARGET)  # a fresh history: this test's own frontier
     seed_calibration(tmp_path / "rounds")  # the target's committed calibration (speed policy is not part of it)
     return p
 

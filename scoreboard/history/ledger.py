@@ -69,7 +69,11 @@ def line_bytes(entry: dict[str, Any]) -> bytes:
 
 def read_lines(rounds_dir: str | os.PathLike[str]) -> list[bytes]:
     """Raw lines (without newlines); [] when there is no ledger yet."""
-    p = ledger_path(rounds_dir)
+    return read_chain_file(ledger_path(rounds_dir))
+
+
+def read_chain_file(p: Path) -> list[bytes]:
+    """The raw lines of a hash-chained JSONL file (the ledger, the calibration chain); [] when absent."""
     if not p.exists():
         return []
     data = p.read_bytes()
@@ -79,10 +83,12 @@ def read_lines(rounds_dir: str | os.PathLike[str]) -> list[bytes]:
     return data.split(b"\n")[:-1] if data else []
 
 
-def chain_problems(lines: list[bytes]) -> list[tuple[int, str, str]]:
-    """Structural problems as (line number, field, message): parse, schema, canonical form, chain."""
+def chain_problems(lines: list[bytes], model: type[BaseModel] | None = None) -> list[tuple[int, str, str]]:
+    """Structural problems as (line number, field, message): parse, schema (`model`, the ledger's line by
+    default), canonical form, chain. Shared by every hash-chained JSONL file the history keeps."""
     import json
 
+    schema = LedgerEntry if model is None else model
     problems: list[tuple[int, str, str]] = []
     prev = ""
     for i, raw in enumerate(lines, start=1):
@@ -93,7 +99,7 @@ def chain_problems(lines: list[bytes]) -> list[tuple[int, str, str]]:
             prev = sha256_hex(raw)
             continue
         try:
-            LedgerEntry.model_validate(obj)
+            schema.model_validate(obj)
         except ValidationError as exc:
             for err in exc.errors():
                 problems.append((i, ".".join(map(str, err["loc"])) or "<line>", err["msg"]))

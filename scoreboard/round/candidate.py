@@ -118,7 +118,10 @@ def resolve(spec: str, scratch: Path, repo: Path = HARNESS_ROOT, main_branch: st
 
 def contract_version(commit: str, repo: Path = HARNESS_ROOT) -> int:
     """The engine contract version a commit was written against: its scoreboard/engine.py's CONTRACT_VERSION
-    (absent: 1). Read from the harness's own git objects, which no candidate process can write."""
+    (absent: 1). Read from the harness's own git objects, which no candidate process can write. A commit the
+    repository does not have is an InputError (the caller names the fix), never "an old contract": that would
+    quietly swap the same-round frontier arm for the pinned slot."""
+    _git(["cat-file", "-e", f"{commit}^{{commit}}"], repo)
     try:
         text = _git(["show", f"{commit}:scoreboard/engine.py"], repo)
     except InputError:

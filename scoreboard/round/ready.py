@@ -7,7 +7,7 @@ candidate runs, the round checks:
   loads exactly as the sealing step will load it (outside the checkout, mode 0600, Ed25519);
 * ``rounds/`` is (or can be created as) a writable directory on a filesystem with at least
   :data:`MIN_FREE_BYTES` free, and the lock's directory is writable when the round may raise the frontier;
-* the candidate's worker can import ``scoreboard.worker`` and the candidate engine's module in the worker's own
+* the candidate's worker can import ``scoreboard.worker.serve`` and the candidate engine's module in the worker's own
   environment (a fresh interpreter with the worker's environment: it does not inherit the parent's
   ``PYTHONPATH``), checked by :func:`probe_worker_imports` for the launch command the workers use.
 
@@ -157,14 +157,14 @@ def engine_module(engine: str) -> str | None:
 
 def check_worker_imports(engine: str, import_root: Path, extra_env: dict[str, str] | None, who: str,
                          launch=worker_launch, candidate: bool = False) -> None:
-    """Refuse when a worker for `import_root` cannot import scoreboard.worker and the engine's module.
+    """Refuse when a worker for `import_root` cannot import scoreboard.worker.serve and the engine's module.
 
     `launch(import_root, extra_env)` gives the (python command prefix, environment) the workers are started with;
     point it at the sandboxed launch when workers run sandboxed. candidate: the engine is a PR candidate's own
     code (the harness's copy already imported), so a failure is the candidate's and the round records it.
     """
     python, env = launch(import_root, extra_env)
-    modules = ["scoreboard.worker"] + [m for m in [engine_module(engine)] if m]
+    modules = ["scoreboard.worker.serve"] + [m for m in [engine_module(engine)] if m]
     result = probe_worker_imports(python, env, modules, cwd=Path(tempfile.gettempdir()))
     bad = {m: e for m, e in result.items() if e}
     if not bad and len(result) == len(modules):

@@ -415,7 +415,10 @@ def _frontier_source(history: History, opts: RoundOptions,
         return None, None
     from ..engine import CONTRACT_VERSION
 
-    version = cand_mod.contract_version(fs.commit, opts.repo)
+    try:
+        version = cand_mod.contract_version(fs.commit, opts.repo)
+    except InputError as exc:
+        raise _frontier_missing(fs, exc) from None
     if version != CONTRACT_VERSION:
         # its engine cannot run under this harness's worker: the verdict falls back to the pinned slot, and
         # the receipt says why (the next main round re-measures a frontier this round sets)
@@ -424,12 +427,16 @@ def _frontier_source(history: History, opts: RoundOptions,
     try:
         return cand_mod.export(fs.commit, "frontier", True, scratch, opts.repo), None
     except InputError as exc:
-        raise InputError(
-            f"the frontier's commit {fs.commit} (slot {fs.slot}, sealed by round {fs.round_id}) cannot be checked "
-            f"out from {cand_mod.HARNESS_ROOT}: {exc.message}",
-            f"fetch it (`git fetch origin {fs.commit}`, or `git fetch --unshallow` in a shallow clone); if main's "
-            "history was rewritten and the commit is gone, lower the frontier deliberately with "
-            "`scoreboard frontier lower` from a sealed receipt of today's main") from None
+        raise _frontier_missing(fs, exc) from None
+
+
+def _frontier_missing(fs: Any, exc: InputError) -> InputError:
+    return InputError(
+        f"the frontier's commit {fs.commit} (slot {fs.slot}, sealed by round {fs.round_id}) cannot be checked "
+        f"out from {cand_mod.HARNESS_ROOT}: {exc.message}",
+        f"fetch it (`git fetch origin {fs.commit}`, or `git fetch --unshallow` in a shallow clone); if main's "
+        "history was rewritten and the commit is gone, lower the frontier deliberately with "
+        "`scoreboard frontier lower` from a sealed receipt of today's main")
 
 
 def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:

@@ -171,17 +171,11 @@ _K3_SLICE = K3Spec(
 # The GPU-target models. Both route through the routing code (generate.py), so f16/bf16 rounding cannot
 # flip a top-k choice, and scale the residual-score init with 1/sqrt(n_embd) so the cross-layer mix stays
 # soft at any width (score std 0.5; a fixed 0.03 per dim gives std 2.5 at 7168).
-_K3_GPU = K3Spec(
-    name="k3-gpu",
+_K3_GPU = dataclasses.replace(
+    _K3_MID, name="k3-gpu",
     description="about 1.7 B parameters for the one-H200 target: k3-mid's shape (8 layers, 6 KDA + 2 MLA at "
                 "1-indexed 4, 8; n_embd 2048, 16 heads, 64 experts top-8 + 1 shared) with the routing code, "
                 "so f16 rounding cannot flip a routing choice; generated on the GPU box, never committed",
-    n_layer=8, full_attn_layers=(4, 8), n_embd=2048, n_head=16, kda_head_dim=128, ssm_conv_kernel=4,
-    kda_gate_lower_bound=-5.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, rope_dim=64, v_head_dim=128,
-    n_layer_dense_lead=1, dense_ff=8192, n_expert=64, n_expert_used=8, n_expert_shared=1, expert_ff=1024,
-    expert_latent_length=1024, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
-    attn_res_block_size=2, n_vocab=1024, corpus_sha256=CORPUS_V1, context_length=65536,
-    weight_type="f16", n_shards=4, default_seed=0,
     res_score_std=0.5 / 2048 ** 0.5, expert_bias_std=0.02, route_code=True, router_context_std=0.1,
 )
 
@@ -193,17 +187,12 @@ _K3_GPU = K3Spec(
 # choice (a quarter active, a different set per token and layer) and prefill spreading over many experts,
 # at 6.5 B parameters (12.9 GB F16; 154 s to generate on one H200 box). Residual block size 2 gives
 # the MLA layer two checkpoints, so the bank's stride trap is observable.
-_K3_WIDE = K3Spec(
-    name="k3-wide",
+_K3_WIDE = dataclasses.replace(
+    _K3_SLICE, name="k3-wide",
     description="a Kimi K3 width slice for the one-H200 target: hidden 7168, 96 MLA/KDA heads, dense FFN "
                 "33792, 64 routed experts top-16 + 2 shared at latent 3584 / FFN 3072; 3 layers (2 KDA, MLA "
                 "at 1-indexed 3), 2 of them MoE, with the routing code; generated on the GPU box, never committed",
-    n_layer=3, full_attn_layers=(3,), n_embd=7168, n_head=96, kda_head_dim=128, ssm_conv_kernel=4,
-    kda_gate_lower_bound=-5.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_dim=128, rope_dim=64, v_head_dim=128,
-    n_layer_dense_lead=1, dense_ff=33792, n_expert=64, n_expert_used=16, n_expert_shared=2, expert_ff=3072,
-    expert_latent_length=3584, expert_weights_scale=2.0, situ_beta=4.0, situ_linear_beta=25.0,
-    attn_res_block_size=2, n_vocab=1024, corpus_sha256=CORPUS_V1, context_length=65536,
-    weight_type="f16", n_shards=8, default_seed=0,
+    n_expert=64, attn_res_block_size=2, context_length=65536, weight_type="f16",
     res_score_std=0.5 / 7168 ** 0.5, expert_bias_std=0.02, route_code=True, router_context_std=0.1,
 )
 
