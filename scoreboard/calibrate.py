@@ -263,8 +263,8 @@ def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> Calibra
 
 def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) -> CalibrationOutcome:
     from .round import candidate as cand_mod
-    from .round.run import Round, RoundOptions
-    from .round.stages import GateStage, preflight
+    from .round.run import Round, RoundOptions, Sources, preflight
+    from .round.stages import GateStage
 
     if opts.seeds < 1:
         raise InputError(f"--seeds {opts.seeds}: must be at least 1", "20 seeds is the default; 2 is a smoke test")
@@ -284,26 +284,28 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
     t_start = time.perf_counter()
     created = utc_now()
     stage_seconds: dict[str, float] = {}
-    rnd = Round(RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
-                             seal=False, rounds_dir=opts.rounds_dir, cache_dir=opts.cache_dir,
-                             allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False), lock, report)
+    round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
+                              seal=False, rounds_dir=opts.rounds_dir, cache_dir=opts.cache_dir,
+                              allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     report("stage", name="candidate")
-    rnd.scratch = scratch
-    rnd.source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
-    rnd.main_source = None
+    source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
+    rnd = Round(round_opts, lock, report, scratch, Sources(source))
     report("stage", name="preflight")
     t0 = time.perf_counter()
-    rnd.pre = preflight(rnd)
+    pre = preflight(rnd)
+    rnd.set_up_arms(pre)
     stage_seconds["preflight"] = round(time.perf_counter() - t0, 3)
-    gate = GateStage(rnd)
-    base = rnd.candidate_target()
+    cand = rnd.arm("candidate")
+    assert cand is not None
+    gate = GateStage(rnd.ctx, pre, cand, rnd.log)
+    base = pre.targets.candidate
     noise = noise_pair(opts.target, target, base.options)
 
     report("stage", name="reference")
     t0 = time.perf_counter()
     rows: list[tuple[int, Any, dict[int, list[int]], list[int], tuple[int, ...], np.ndarray]] = []
-    geom = rnd.engine_target().geometry
+    geom = pre.targets.geometry
     from .engine import LogitsRequest
     from .worker.protocol import LogitsOp, LogitsRows
 
@@ -311,9 +313,9 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         report("progress", task="reference logits", done=i, total=len(seeds), message=f"seed {seed}")
         prompt = gate.draw(seed)
         per_depth, positions, ids = gate.rows(prompt)
-        ref = rnd.pre.ref_engine.logits(rnd.pre.ref_prepared, LogitsRequest(ids, tuple(positions), geom))
-        if ref.command and ref.command not in rnd.receipt["commands"]:
-            rnd.receipt["commands"].append(ref.command)
+        ref = pre.reference.logits(LogitsRequest(ids, tuple(positions), geom))
+        if ref.command:
+            rnd.log.command(ref.command)
         rows.append((seed, prompt, per_depth, positions, ids, ref.logits))
     report("progress", task="reference logits", done=len(seeds), total=len(seeds), message="done")
     stage_seconds["reference"] = round(time.perf_counter() - t0, 3)
@@ -336,8 +338,8 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         for b in batches:
             report("progress", task="candidate workers", done=done, total=total,
                    message=f"{name}: seeds {', '.join(str(seeds[i]) for i in b)}")
-            res = gate.candidate_call(LogitsOp(requests=tuple(LogitsRows.of(rows[i][4], rows[i][3]) for i in b)),
-                                      target=variant, timeout_s=target.speed.timeout_s * len(b)).result
+            res = cand.worker().call(LogitsOp(requests=tuple(LogitsRows.of(rows[i][4], rows[i][3]) for i in b)),
+                                     target=variant, timeout_s=target.speed.timeout_s * len(b)).result
             identities.setdefault(name, res.identity)
             out += [np.load(f.path) for f in res.logits or []]
             done += 1
@@ -358,7 +360,7 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
                                           for f in faults}}
         runs.append(run)
     defn = definition(lock, opts.target)
-    src = rnd.source
+    src = source
     record: dict[str, Any] = {
         "kind": "calibration", "format_version": FORMAT_VERSION, "calibration_id": new_calibration_id(opts.target, created),
         "created_at": created, "target": opts.target, "lock_sha256": lock_digest(opts.lock_path),
@@ -370,12 +372,12 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         "seeds": seeds,
         "candidate": {"engine": target.candidate_engine, "label": src.label, "commit": src.commit, "dirty": src.dirty,
                       "is_main": src.is_main, "options": dict(base.options), "identity": identities["correct"]},
-        "reference": {"engine": target.reference_engine, "identity": rnd.pre.ref_prepared.identity.as_dict()},
+        "reference": {"engine": target.reference_engine, "identity": rnd.reference.identity if rnd.reference else {}},
         "noise_floor": {**noise, "identities": {n: identities[n] for n in identities if n.startswith("dtype:")}},
         "faults": list(faults),
         "fault_identities": {f: identities[f"fault:{f}"] for f in faults},
         "runs": runs,
-        "environment": rnd.receipt["environment"], "commands": rnd.receipt["commands"],
+        "environment": rnd.environment(), "commands": rnd.log.commands,
         "stage_seconds": stage_seconds,
     }
     record["summary"] = summary(record)

@@ -57,6 +57,33 @@ class DepthResult:
         return d
 
 
+def top1_ok(top1: float, policy: GatePolicy) -> bool:
+    """The top-1 bar, for logits rows and for checked outputs alike (inclusive)."""
+    return top1 >= policy.top1_min
+
+
+def ratchet_exceeded(kl_mean: float, baseline: float | None, policy: GatePolicy) -> bool:
+    """More than ratchet_ratio x main's last sealed KL at this depth, and above the ratchet's noise floor."""
+    return baseline is not None and baseline > 0 and kl_mean > policy.ratchet_ratio * baseline and \
+        kl_mean > policy.ratchet_floor
+
+
+def bar_reasons(depth: int, kl_mean: float, kl_p99: float, top1: float, baseline: float | None,
+                policy: GatePolicy) -> list[str]:
+    """The gate's pass rule for one depth: every bar it breaks, worded once for the round and the verdict."""
+    at = f"gate depth {depth}"
+    out = []
+    if kl_mean > policy.kl_max:
+        out.append(f"{at}: KL mean {kl_mean:.4g} > kl_max {policy.kl_max:g} nats")
+    if kl_p99 > policy.kl_p99_max:
+        out.append(f"{at}: KL p99 {kl_p99:.4g} > kl_p99_max {policy.kl_p99_max:g} nats")
+    if not top1_ok(top1, policy):
+        out.append(f"{at}: top-1 agreement {top1:.4g} < top1_min {policy.top1_min:g}")
+    if ratchet_exceeded(kl_mean, baseline, policy):
+        out.append(f"{at}: KL mean {kl_mean:.4g} > {policy.ratchet_ratio:g} x main's sealed {baseline:.4g} (ratchet)")
+    return out
+
+
 def grade_depth(depth: int, positions: list[int], ref: np.ndarray, cand: np.ndarray, policy: GatePolicy,
                 ratchet_baseline: float | None = None) -> DepthResult:
     """Grade one depth's rows against the bars and the per-depth ratchet (main's last sealed KL)."""
@@ -65,17 +92,8 @@ def grade_depth(depth: int, positions: list[int], ref: np.ndarray, cand: np.ndar
     r = DepthResult(depth=depth, rows=int(kl.size), positions=[int(p) for p in positions],
                     kl_mean=float(kl.mean()), kl_p99=float(np.percentile(kl, 99)), kl_max=float(kl.max()),
                     top1=float(t1.mean()), ratchet_baseline=ratchet_baseline)
-    if r.kl_mean > policy.kl_max:
-        r.reasons.append(f"depth {depth}: mean KL {r.kl_mean:.6g} > bar {policy.kl_max}")
-    if r.kl_p99 > policy.kl_p99_max:
-        r.reasons.append(f"depth {depth}: p99 KL {r.kl_p99:.6g} > bar {policy.kl_p99_max}")
-    if r.top1 < policy.top1_min:
-        r.reasons.append(f"depth {depth}: top-1 {r.top1:.4f} < bar {policy.top1_min}")
-    if ratchet_baseline is not None and ratchet_baseline > 0:
-        if r.kl_mean > policy.ratchet_ratio * ratchet_baseline and r.kl_mean > policy.ratchet_floor:
-            r.ratchet_ok = False
-            r.reasons.append(f"depth {depth}: mean KL {r.kl_mean:.6g} is more than {policy.ratchet_ratio}x main's "
-                             f"sealed {ratchet_baseline:.6g} (ratchet)")
+    r.reasons = bar_reasons(depth, r.kl_mean, r.kl_p99, r.top1, ratchet_baseline, policy)
+    r.ratchet_ok = not ratchet_exceeded(r.kl_mean, ratchet_baseline, policy)
     r.passed = not r.reasons
     r.flagged = r.passed and r.kl_mean > policy.kl_prefer
     return r

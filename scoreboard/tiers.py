@@ -29,46 +29,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from pydantic import ValidationError
 
 from .errors import InputError
+from .gate import bar_reasons
+from .history.receipt import (FORMAT_MAJOR, VERDICT_BASES, VERDICT_LABELS, Verdict, format_major_known,
+                              receipt_target)
 from .lockfile import GatePolicy, Lock, Metric, Target, TierPolicy
 from .stats import ArmStats, RatioCI, arm_stats, block_value, ci_vs_constant, geometric_mean, paired_ratio_ci, \
     suggest_blocks
 
-LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
+LABELS = VERDICT_LABELS  # the receipt's list: one set of labels for the verdict and its record
 BUCKETS = ("XS", "S", "M", "L", "XL")
-BASES = ("main-same-round", "frontier-same-round", "frontier-slot", "none")
-RECEIPT_MAJOR = "1"
+BASES = VERDICT_BASES
 _EPS = 1e-12  # slack on fractional gains: float rounding only, far below any real threshold
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verdict section of a receipt (docs/receipt-format.md)."""
-
-    label: str  # one of LABELS
-    gain: float | None  # fraction of the frontier; None when no speed numbers count
-    gain_ci: tuple[float, float] | None  # (low, high) fractions; None for claims and REJECT-by-gate
-    basis: str  # one of BASES
-    frontier: float | None  # tok/s of the basis (main same-round geomean, or the slot); None: not used
-    value: float | None  # tok/s of the candidate (geomean of block values, or the claimed number)
-    speed_label: str | None  # the label the speed earned (also under a guard REJECT); None: no speed
-    reasons: tuple[str, ...]
-    explanation: str  # one paragraph, plain English, with the numbers
-    claim: bool = False  # True: claimed, not measured; never moves anything
-    flags: tuple[str, ...] = ()  # metrics not scored and why (zero-variance samples)
-
-    @property
-    def compliant(self) -> bool:
-        return self.label != "REJECT"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "gain": self.gain,
-                "gain_ci": list(self.gain_ci) if self.gain_ci is not None else None,
-                "basis": self.basis, "frontier": self.frontier, "value": self.value,
-                "speed_label": self.speed_label, "reasons": list(self.reasons),
-                "explanation": self.explanation, "claim": self.claim, "flags": list(self.flags)}
 
 
 @dataclass(frozen=True)
@@ -206,7 +179,7 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
         shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
         text = ("REJECT: the candidate failed the correctness check before any speed number could count ("
                 + shown + "). No speed numbers are reported; speed is never scored for a wrong answer.")
-        return Verdict("REJECT", None, None, "none", None, None, None, reasons, text, claim)
+        return Verdict(label="REJECT", basis="none", reasons=list(reasons), explanation=text, claim=claim)
     if scored is None:
         raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
     speed_label, speed_reasons = _speed(scored, policy)
@@ -223,9 +196,11 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
         fails = []
     label = "REJECT" if fails else speed_label
     reasons = tuple(fails + speed_reasons + guard_notes + list(scored.notes) + list(notes))
-    return Verdict(label, scored.gain, scored.gain_ci, scored.basis,
-                   scored.frontier if scored.basis != "none" else None, scored.value, speed_label, reasons,
-                   _explain(label, speed_label, scored, policy, fails, claim, bool(flags)), claim, tuple(flags))
+    return Verdict(label=label, gain=scored.gain, gain_ci=scored.gain_ci, basis=scored.basis,
+                   frontier=scored.frontier if scored.basis != "none" else None, value=scored.value,
+                   speed_label=speed_label, reasons=list(reasons),
+                   explanation=_explain(label, speed_label, scored, policy, fails, claim, bool(flags)), claim=claim,
+                   flags=list(flags))
 
 
 # One estimator, one name, wherever a number is shown (round show, tier, the report, the explanation):
@@ -290,23 +265,11 @@ def _field(d: Mapping[str, Any], key: str, path: str) -> Any:
     return d[key]
 
 
-def receipt_target(receipt: Mapping[str, Any]) -> Target:
-    """The target table recorded in the receipt (`lock_target`): the policy the round actually used."""
-    raw = _field(receipt, "lock_target", "")
-    try:
-        return Target.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"receipt lock_target.{loc}: {first['msg']}",
-                         "pass --lock reference.lock to score with the current lock's policy") from None
-
-
 def check_format(receipt: Mapping[str, Any]) -> None:
-    version = str(_field(receipt, "format_version", ""))
-    if version.split(".")[0] != RECEIPT_MAJOR:
+    version = _field(receipt, "format_version", "")
+    if not format_major_known(version):
         raise InputError(f"receipt format_version {version!r}: unknown major version; this scoreboard reads "
-                         f"{RECEIPT_MAJOR}.x", "update your scoreboard checkout (`git pull && pip install -e .`)")
+                         f"{FORMAT_MAJOR}.x", "update your scoreboard checkout (`git pull && pip install -e .`)")
 
 
 def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool, list[str], bool]:
@@ -324,16 +287,7 @@ def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool
         kl, p99, top1 = (_field(d, k, f"gate.depths[{depth}]") for k in ("kl_mean", "kl_p99", "top1"))
         if d.get("rows", 0) < policy.rows_per_depth:
             reasons.append(f"{at}: {d.get('rows', 0)} rows < rows_per_depth {policy.rows_per_depth}")
-        if kl > policy.kl_max:
-            reasons.append(f"{at}: KL mean {kl:.4g} > kl_max {policy.kl_max:g} nats")
-        if p99 > policy.kl_p99_max:
-            reasons.append(f"{at}: KL p99 {p99:.4g} > kl_p99_max {policy.kl_p99_max:g} nats")
-        if top1 < policy.top1_min:
-            reasons.append(f"{at}: top-1 agreement {top1:.4g} < top1_min {policy.top1_min:g}")
-        base = d.get("ratchet_baseline")
-        if base is not None and base > 0 and kl > policy.ratchet_ratio * base and kl > policy.ratchet_floor:
-            reasons.append(f"{at}: KL mean {kl:.4g} > {policy.ratchet_ratio:g} x main's sealed {base:.4g} "
-                           "(ratchet)")
+        reasons += bar_reasons(depth, kl, p99, top1, d.get("ratchet_baseline"), policy)
         if d.get("pass") is False and not any(r.startswith(f"{at}:") for r in reasons):
             # recorded as failed for a reason the bars above don't re-derive: honour it
             reasons.extend(f"{at}: {r}" for r in d.get("reasons", []) or ["recorded as failed"])

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..cache import cache_dir
 from ..errors import InputError
+from ..history.receipt import EnvironmentRec, Receipt
 from .console import console, err_console, print_json
 
 app = typer.Typer(help="Run a sealed round, or show a sealed receipt.", no_args_is_help=True)
@@ -187,11 +188,12 @@ def show_cmd(
     from .sealed import load_sealed_receipt
 
     data = load_sealed_receipt(path)  # the seal before anything is rendered: exit 2 when edited/unsealed
-    receipt = parse_receipt(data, str(path)).model_dump(mode="json", by_alias=True)
+    parsed = parse_receipt(data, str(path))
+    receipt = parsed.model_dump(mode="json", by_alias=True)
     if json_out:
         print_json(receipt)
         return
-    render(receipt, _drift_vs_lock(receipt, lock))
+    render(parsed, _drift_vs_lock(receipt, lock))
 
 
 def _drift_vs_lock(receipt: dict[str, Any], lock: Path) -> list[str]:
@@ -208,59 +210,66 @@ def _drift_vs_lock(receipt: dict[str, Any], lock: Path) -> list[str]:
         return []
 
 
-def render(r: dict[str, Any], drift: list[str] | None = None) -> None:
-    console.print(f"[bold]round[/] {r['round_id']}  target [bold]{r['target']}[/]  seed {r['seed']}  "
-                  f"candidate {r['candidate']['label']} {r['candidate']['commit'][:12]}"
-                  f"{' (dirty)' if r['candidate'].get('dirty') else ''}")
-    cal = r.get("calibration") or {}
-    if cal.get("status") == "calibrated":
-        console.print(f"bars calibrated by {cal['calibration_id']} ({cal.get('seeds')} seeds, margin "
-                      f"{cal.get('margin'):g})", highlight=False)
-    elif cal.get("status") == "skipped":
-        console.print(f"[yellow]no calibration checked[/]: {cal.get('reason', '')} (moves no slot)", highlight=False)
-    if r["status"] == "aborted":
-        ab = r["aborted"]
-        console.print(f"[bold red]ABORTED[/] at {ab['stage']}{' (transient)' if ab['transient'] else ''}: "
-                      f"{ab['reason']}", highlight=False)
+def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) -> None:
+    """A receipt on the console, read through its typed model (a dict is parsed first)."""
+    from ..history.receipt import parse_receipt
+
+    r = receipt if isinstance(receipt, Receipt) else parse_receipt(receipt)
+    c = r.candidate
+    console.print(f"[bold]round[/] {r.round_id}  target [bold]{r.target}[/]  seed {r.seed}  "
+                  f"candidate {c.label} {c.commit[:12]}{' (dirty)' if c.dirty else ''}")
+    cal = r.calibration
+    if cal is not None and cal.status == "calibrated":
+        extra = cal.model_extra or {}
+        console.print(f"bars calibrated by {cal.calibration_id} ({extra.get('seeds')} seeds, margin "
+                      f"{extra.get('margin'):g})", highlight=False)
+    elif cal is not None and cal.status == "skipped":
+        console.print(f"[yellow]no calibration checked[/]: {cal.reason} (moves no slot)", highlight=False)
+    if r.aborted is not None:
+        ab = r.aborted
+        console.print(f"[bold red]ABORTED[/] at {ab.stage}{' (transient)' if ab.transient else ''}: "
+                      f"{ab.reason}", highlight=False)
         return
-    gate = r.get("gate")
+    gate = r.gate
     if gate:
         t = Table(title="correctness gate (KL(ref||cand), nats, full vocabulary, float64)")
         for col in ("depth", "rows", "KL mean", "KL p99", "KL max", "top-1", "ratchet basis", "pass"):
             t.add_column(col, justify="right")
-        for d in gate["depths"]:
+        for d in gate.depths:
             base = d.get("ratchet_baseline")
             t.add_row(str(d["depth"]), str(d["rows"]), f"{d['kl_mean']:.3g}", f"{d['kl_p99']:.3g}",
                       f"{d['kl_max']:.3g}", f"{d['top1']:.4f}", "-" if base is None else f"{base:.3g}",
                       "[green]yes[/]" if d["pass"] else "[red]no[/]")
         console.print(t)
-        for g in gate.get("greedy_check", []):
+        for g in (gate.model_extra or {}).get("greedy_check", []):
             console.print(f"checked decode {g['metric']}: greedy tokens match the reference's argmax on "
                           f"{g['top1_vs_reference']:.3f} of positions")
-    if r.get("speed"):
-        _speed_table(r)
+    if r.speed:
+        _speed_table(r.model_dump(mode="json", by_alias=True, exclude_unset=True))
         for w in drift or []:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    _memory(r.get("environment") or {})
-    v = r.get("verdict") or {}
-    color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(v.get("label"), "green")
-    console.print(f"[bold {color}]verdict: {v.get('label')}[/]")
-    if v.get("explanation"):
-        console.print(v["explanation"], highlight=False)
-    for reason in v.get("reasons", []):
+    _memory(r.environment)
+    v = r.verdict
+    label = v.label if v else None
+    color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(label or "", "green")
+    console.print(f"[bold {color}]verdict: {label}[/]")
+    if v and v.explanation:
+        console.print(v.explanation, highlight=False)
+    for reason in v.reasons if v else []:
         console.print(f"  - {reason}", highlight=False)
 
 
-def _memory(env: dict[str, Any]) -> None:
+def _memory(env: EnvironmentRec) -> None:
     """Per rank: the fit check's prediction next to the measured peak of the candidate's processes."""
-    fit, peaks = env.get("fit"), env.get("peak_memory")
+    fit, peaks = env.fit, env.peak_memory
     if not fit or not peaks:
         return
     for p in peaks:
-        dev = "" if p.get("device_gib") is None else f", device peak {p['device_gib']:.2f} GiB"
-        console.print(f"memory rank {p['rank']}: fit predicted {fit['need_gib_per_rank']:.2f} GiB per rank "
-                      f"(weights {fit['lines'].get('weights', 0):.2f}); measured host RSS peak "
-                      f"{p['host_rss_gib']:.2f} GiB{dev}", highlight=False)
+        dev = "" if p.device_gib is None else f", device peak {p.device_gib:.2f} GiB"
+        host = "?" if p.host_rss_gib is None else f"{p.host_rss_gib:.2f}"
+        console.print(f"memory rank {p.rank}: fit predicted {fit.need_gib_per_rank:.2f} GiB per rank "
+                      f"(weights {fit.lines.get('weights', 0):.2f}); measured host RSS peak "
+                      f"{host} GiB{dev}", highlight=False)
 
 
 def _speed_table(r: dict[str, Any]) -> None:

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import ValidationError
 
 from . import ledger
 from ..errors import InputError, NonCompliant
 from .ledger import SlotChange
-from ..lockfile import Lock, Metric, Target, load_lock, set_slot, update_lock
-from .receipt import arm_reps, arm_value, scored_metric, utc_now
+from ..lockfile import Lock, Metric, load_lock, set_slot, update_lock
+from .receipt import arm_reps, arm_value, receipt_target, scored_metric, utc_now
 from .seal import canonical_bytes, sha256_hex, verify_sealed
 
 DECIMALS = 4  # slot values are stored rounded to 1e-4 of their unit (tok/s)
@@ -46,14 +45,6 @@ class Measured:
     reps: int
     commit: str
     role: str  # the metric's role: "scored" | "guard"
-
-
-def receipt_target(receipt: Mapping[str, Any]) -> Target:
-    """The target table the round actually used (receipt.lock_target), as a typed Target."""
-    try:
-        return Target.model_validate(receipt.get("lock_target"))
-    except ValidationError as exc:
-        raise InputError(f"receipt {receipt.get('round_id')}: lock_target is not a valid target: {exc}") from None
 
 
 def reference_commit(receipt: Mapping[str, Any]) -> str:

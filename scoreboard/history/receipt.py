@@ -28,7 +28,9 @@ from ..errors import InputError
 FORMAT_VERSION = "1.1"
 FORMAT_MAJOR = 1
 
-VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")
+VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
+# what a verdict's gain is measured against (scoreboard.tiers): a same-round arm, the pinned slot, or nothing
+VERDICT_BASES = ("main-same-round", "frontier-same-round", "frontier-slot", "none")
 ARMS = ("reference", "candidate", "main", "frontier")  # main: a PR round's; frontier: a main round's
 _STAMP = "%Y-%m-%dT%H:%M:%SZ"
 _ROUND_ID = re.compile(r"^(\d{8}T\d{6}Z)-([A-Za-z0-9][A-Za-z0-9._-]*)-([0-9a-f]{8})$")
@@ -77,6 +79,36 @@ class WeightsRec(_Closed):
     id: str
     files: list[WeightFileRec]
     fully_pinned: bool
+
+
+class FitRec(_Open):
+    """environment.fit: the fit check's prediction per rank (scoreboard.fit), made before any engine ran."""
+
+    ranks: int = Field(ge=1)
+    need_gib_per_rank: float
+    usable_gib: float
+    lines: dict[str, float]  # budget item -> GiB per rank
+
+
+class PeakRec(_Open):
+    """environment.peak_memory[]: per rank, the largest peak any candidate launch reached (GiB; None: not
+    measured, e.g. no CUDA in that process) — measured, next to the fit's prediction."""
+
+    rank: int
+    host_rss_gib: float | None = None
+    device_gib: float | None = None
+
+
+class EnvironmentRec(_Open):
+    """The box as the round observed it: the fingerprint (scoreboard.environment, open), plus the round's
+    own typed observations under fixed keys. Every key is optional: older and aborted receipts lack some."""
+
+    parallel: dict[str, Any] | None = None  # ranks, backend, launcher, reference_split_mode, visible_devices
+    isolation: dict[str, Any] | None = None  # the sandbox and each arm's code origin (round.sandbox.check)
+    fit: FitRec | None = None
+    ranks: list[dict[str, Any]] | None = None  # each candidate rank's fingerprint (first launch)
+    rank_problems: list[str] | None = None  # what was wrong with that world (allowed by allow_node_mismatch)
+    peak_memory: list[PeakRec] | None = None
 
 
 class GateRec(_Open):
@@ -142,18 +174,30 @@ class SpeedRec(_Open):
 
 
 class Verdict(_Open):
-    """Computed by scoreboard.tiers from the raw data; never copied from provenance."""
+    """The verdict section, and the one verdict type: computed by scoreboard.tiers from the raw data (never
+    copied from provenance), read back from receipts by the same model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     label: Literal[VERDICT_LABELS]  # type: ignore[valid-type]
-    gain: float | None = None  # (value - frontier) / frontier
-    gain_ci: list[float] | None = None  # [lo, hi]
-    basis: Literal["main-same-round", "frontier-same-round", "frontier-slot", "none"] | None = None
-    frontier: float | None = None  # tok/s
-    value: float | None = None  # tok/s
-    speed_label: str | None = None
+    gain: float | None = None  # (value - frontier) / frontier; None when no speed numbers count
+    gain_ci: tuple[float, float] | None = None  # [lo, hi] fractions; None for claims and REJECT-by-gate
+    basis: Literal[VERDICT_BASES] | None = None  # type: ignore[valid-type]
+    frontier: float | None = None  # tok/s of the basis; None: not used
+    value: float | None = None  # tok/s of the candidate (geomean of block values, or the claimed number)
+    speed_label: str | None = None  # the label the speed earned (also under a guard REJECT); None: no speed
     reasons: list[str]
-    explanation: str = ""
-    claim: bool = False
+    explanation: str = ""  # one paragraph, plain English, with the numbers
+    claim: bool = False  # True: claimed, not measured; never moves anything
+    flags: list[str] = Field(default_factory=list)  # metrics not scored and why (zero-variance samples)
+
+    @property
+    def compliant(self) -> bool:
+        return self.label != "REJECT"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The receipt's verdict section, every field written."""
+        return self.model_dump(mode="json")
 
 
 class Aborted(_Closed):
@@ -190,7 +234,8 @@ class CalibrationRef(_Open):
 
 
 # the keys provenance may never use, anywhere in its tree (so it can never overwrite a verdict)
-VERDICT_KEYS = frozenset(Verdict.model_fields) | {"verdict", "pass", "tier", "status", "seal"}
+# ("flags" came later than the rule, and older provenance may use it for something else)
+VERDICT_KEYS = (frozenset(Verdict.model_fields) - {"flags"}) | {"verdict", "pass", "tier", "status", "seal"}
 
 
 def _verdict_keys_in(obj: Any, path: str) -> list[str]:
@@ -219,7 +264,7 @@ class Receipt(_Closed):
     main: Side | None
     reference: ReferenceSide
     weights: WeightsRec | None
-    environment: dict[str, Any]
+    environment: EnvironmentRec
     seed: int
     geometry: dict[str, int] | None
     gate: GateRec | None
@@ -286,6 +331,33 @@ def check_format_version(v: Any) -> None:
     if int(m.group(1)) != FORMAT_MAJOR:
         raise ValueError(f"unknown major format_version {v!r}; this scoreboard reads {FORMAT_MAJOR}.x "
                          "(upgrade scoreboard to read it)")
+
+
+def format_major_known(v: Any) -> bool:
+    """Whether this scoreboard reads receipts of format_version `v` (its major is FORMAT_MAJOR)."""
+    try:
+        check_format_version(v)
+    except ValueError:
+        return False
+    return True
+
+
+def receipt_target(receipt: Mapping[str, Any]) -> Any:
+    """The target table the round actually used (``lock_target``: the policy it was judged under), as a
+    typed lockfile.Target; InputError names the first bad field."""
+    from ..lockfile import Target
+
+    if not isinstance(receipt, Mapping) or "lock_target" not in receipt:
+        raise InputError("receipt lock_target: required field is missing", "the receipt is incomplete; re-run the round")
+    try:
+        return Target.model_validate(receipt["lock_target"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        where = f"lock_target.{loc}" if loc else "lock_target"
+        raise InputError(f"receipt {receipt.get('round_id', '?')}: lock_target is not a valid target: {where}: "
+                         f"{first['msg']}", "pass --lock reference.lock to score with the current lock's policy"
+                         ) from None
 
 
 def _problems(exc: ValidationError) -> list[str]:

@@ -18,14 +18,17 @@ from typing import Any, Callable
 
 from .. import environment
 from ..cache import cache_dir as default_cache_dir
-from ..engine import EngineTarget, Geometry
-from ..errors import InputError, ScoreboardError, TransientError
+from ..errors import EngineError, InputError, ScoreboardError, TransientError
 from ..history.held import History, load_history
+from ..history.receipt import (FORMAT_VERSION, Aborted, FitRec, Receipt, ReferenceSide, Retry, Side, WeightsRec,
+                               new_round_id, parse_receipt, utc_now)
 from ..lockfile import Lock, Target, lock_digest, load_lock
-from ..history.receipt import FORMAT_VERSION, new_round_id, utc_now
 from . import candidate as cand_mod
 from . import ready, sandbox
-from .stages import GateStage, PreflightResult, SpeedStage, preflight
+from .arms import Arm, worker_arm
+from .context import RoundContext, RoundLog
+from .stages import (GateStage, Preflight, SpeedStage, check_node, check_reference_anchor, decode_ceiling_of,
+                     fingerprint, isolation_record, model_and_fit, prepare_reference, weights)
 
 Report = Callable[..., None]
 
@@ -82,10 +85,14 @@ class UnsealedReceipt(ScoreboardError):
 
 @dataclass
 class RoundOutcome:
-    receipt: dict[str, Any]
+    receipt: dict[str, Any]  # the receipt's JSON, as sealed (or as it stands when nothing was sealed)
     path: Path | None
     exit_code: int
     frontier_change: Any = None
+
+    def parsed(self) -> Receipt:
+        """The receipt as its typed model (InputError naming every problem when it does not validate)."""
+        return parse_receipt(self.receipt)
 
 
 class _Abort(Exception):
@@ -95,35 +102,72 @@ class _Abort(Exception):
         self.exc = exc
 
 
-class Round:
-    """One round's state while it runs; `receipt` is built up stage by stage."""
+@dataclass(frozen=True)
+class Sources:
+    """Where each candidate-side arm's engines/ come from, resolved before the receipt exists."""
 
-    def __init__(self, opts: RoundOptions, lock: Lock, report: Report):
+    candidate: cand_mod.CandidateSource
+    main: cand_mod.CandidateSource | None = None  # a PR round's main
+    frontier: cand_mod.CandidateSource | None = None  # a main round: the frontier's commit, re-measured
+
+    def named(self) -> dict[str, cand_mod.CandidateSource]:
+        out = {"candidate": self.candidate}
+        if self.main is not None:
+            out["main"] = self.main
+        if self.frontier is not None:
+            out["frontier"] = self.frontier
+        return out
+
+
+def _json(model: Any) -> Any:
+    return None if model is None else model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class Round:
+    """One round while it runs: the fixed context the stages get, and the receipt's sections as the stages
+    return them; `assemble` builds the receipt from those sections."""
+
+    def __init__(self, opts: RoundOptions, lock: Lock, report: Report, scratch: Path, sources: Sources,
+                 history: History | None = None):
         self.opts = opts
         self.lock = lock
         self.target: Target = lock.target(opts.target)
         self.report = report
         self.seed = opts.seed if opts.seed is not None else secrets.randbits(31)
-        created = utc_now()
-        self.receipt: dict[str, Any] = {
-            "format_version": FORMAT_VERSION, "round_id": new_round_id(opts.target, created),
-            "created_at": created, "status": "verdict", "target": opts.target,
-            "lock_sha256": lock_digest(opts.lock_path),
-            "lock_target": self.target.model_dump(mode="json", by_alias=True),
-            "candidate": None, "main": None, "reference": None, "weights": None, "environment": {},
-            "seed": self.seed, "geometry": dict(self.target.geometry), "gate": None, "speed": None,
-            "verdict": None, "aborted": None, "retries": [], "commands": [], "stage_seconds": {}, "provenance": {},
-        }
-        self.pre: PreflightResult | None = None
-        self.scratch: Path | None = None  # the round's private scratch root (sandbox.new_scratch_root)
-        self.source: Any = None  # the candidate's arm, resolved before the receipt exists
-        self.main_source: Any = None  # a PR round's main arm
-        self.candidate_options = candidate_options(self.target, opts, self.target_id)
-        self.receipt["provenance"]["candidate_options"] = {
+        self.created_at = utc_now()
+        self.round_id = new_round_id(opts.target, self.created_at)
+        self.lock_sha256 = lock_digest(opts.lock_path)
+        self.candidate_options = candidate_options(self.target, opts, opts.target)
+        self.ctx = RoundContext(
+            target_id=opts.target, target=self.target, lock=lock, seed=self.seed, cache_dir=opts.cache_dir,
+            scratch=scratch, rounds_dir=opts.rounds_dir, isolation=opts.isolation,
+            candidate_options=self.candidate_options, report=report, allow_node_mismatch=opts.allow_node_mismatch,
+            renew_reference_anchor=opts.renew_reference_anchor, reference_source=opts.reference_source,
+            blocks=opts.blocks, reps=opts.reps)
+        self.log = RoundLog()
+        self.sources = sources
+        self.history = history
+        self.pre: Preflight | None = None
+        self.arms: list[Arm] = []  # the reference, the candidate, then main or frontier: set up after preflight
+        # the receipt's sections
+        self.status: str = "verdict"
+        self.calibration: dict[str, Any] | None = None
+        self.fingerprint: dict[str, Any] | None = None  # environment: the box (scoreboard.environment)
+        self.isolation: dict[str, Any] | None = None  # environment.isolation
+        self.fit: FitRec | None = None  # environment.fit
+        self.weights: WeightsRec | None = None
+        self.reference: ReferenceSide | None = None
+        self.candidate: Side | None = None
+        self.main: Side | None = None
+        self.gate: dict[str, Any] | None = None  # GateRec's JSON
+        self.speed: dict[str, Any] | None = None  # SpeedRec's JSON
+        self.verdict: dict[str, Any] | None = None  # tiers.Verdict.as_dict()
+        self.aborted: Aborted | None = None
+        self.retries: list[Retry] = []
+        self.stage_seconds: dict[str, float] = {}
+        self.provenance: dict[str, Any] = {"candidate_options": {
             "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
-            "effective": dict(self.candidate_options)}
-        self.history: History | None = None
-        self.frontier_source: Any = None  # main rounds: the frontier's commit, measured as arm "frontier"
+            "effective": dict(self.candidate_options)}}
 
     # -- helpers -------------------------------------------------------------------------------
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -137,45 +181,55 @@ class Round:
                     return fn()
                 except TransientError as exc:
                     attempt += 1
-                    self.receipt["retries"].append({"stage": name, "error": exc.message, "at": utc_now()})
+                    self.retries.append(Retry(stage=name, error=exc.message, at=utc_now()))
                     if attempt > self.opts.max_transient_retries:
                         raise _Abort(name, exc) from exc
                     self.report("retry", stage=name, error=exc.message, attempt=attempt)
                 except ScoreboardError as exc:
                     raise _Abort(name, exc) from exc
         finally:
-            self.receipt["stage_seconds"][name] = round(time.perf_counter() - t0, 3)
+            self.stage_seconds[name] = round(time.perf_counter() - t0, 3)
 
-    def engine_target(self, device_opts: dict[str, Any] | None = None, reference: Any = None,
-                      ranks: int = 1) -> EngineTarget:
-        g = self.target.geometry
-        assert self.pre is not None
-        return EngineTarget(self.target_id, self.pre.shards[0], tuple(self.pre.shards), self.target.device,
-                            Geometry(g["n_ctx"], g["n_batch"], g["n_ubatch"], g.get("n_threads", 0)),
-                            reference=reference, options=dict(device_opts or {}), ranks=ranks)
+    def set_up_arms(self, pre: Preflight) -> None:
+        """The round's arms once preflight prepared the reference: every candidate-side arm runs the
+        candidate's engine target from its own source tree."""
+        self.pre = pre
+        self.arms = [pre.reference] + [worker_arm(name, self.ctx, self.log, src, pre.targets.candidate)
+                                       for name, src in self.sources.named().items()]
 
-    def candidate_target(self) -> EngineTarget:
-        """The candidate's target: parallel.ranks processes (launched by the harness when > 1)."""
-        return self.engine_target(self.candidate_options, ranks=self.target.parallel.ranks)
+    def arm(self, name: str) -> Arm | None:
+        return next((a for a in self.arms if a.name == name), None)
 
-    def device_env(self) -> dict[str, str]:
-        """Both sides' GPUs: CUDA_VISIBLE_DEVICES = the first parallel.ranks devices (cuda targets only)."""
-        if self.target.device != "cuda":
-            return {}
-        from ..worker.distributed import visible_devices
+    def environment(self) -> dict[str, Any]:
+        """The environment section: the fingerprint and what the round observed about the box."""
+        env = dict(self.fingerprint or {})
+        if self.isolation is not None:
+            env["isolation"] = dict(self.isolation)
+            if self.log.binds is not None and "binds" not in env["isolation"]:
+                env["isolation"]["binds"] = self.log.binds
+        if self.fit is not None:
+            env["fit"] = _json(self.fit)
+        if self.log.ranks is not None:
+            env["ranks"] = self.log.ranks
+            env["rank_problems"] = self.log.rank_problems
+        peaks = self.log.peak_memory()
+        if peaks is not None:
+            env["peak_memory"] = [_json(p) for p in peaks]
+        return env
 
-        return {"CUDA_VISIBLE_DEVICES": visible_devices(self.target.parallel.ranks)}
-
-    def reference_target(self) -> EngineTarget:
-        """The reference's target: one process, llama.cpp's own split mode over the candidate's GPUs."""
-        opts: dict[str, Any] = {"split_mode": self.target.parallel.reference_split_mode,
-                                "reference_id": self.target.reference}
-        if self.opts.reference_source:
-            opts["reference_source"] = self.opts.reference_source
-        visible = self.device_env().get("CUDA_VISIBLE_DEVICES")
-        if visible:
-            opts["visible_devices"] = visible
-        return self.engine_target(opts, reference=self.lock.references[self.target.reference])
+    def assemble(self) -> dict[str, Any]:
+        """The receipt's JSON from the sections recorded so far (docs/receipt-format.md)."""
+        r = {"format_version": FORMAT_VERSION, "round_id": self.round_id, "created_at": self.created_at,
+             "status": self.status, "target": self.opts.target, "lock_sha256": self.lock_sha256,
+             "lock_target": self.target.model_dump(mode="json", by_alias=True),
+             "candidate": _json(self.candidate), "main": _json(self.main), "reference": _json(self.reference),
+             "weights": _json(self.weights), "environment": self.environment(), "seed": self.seed,
+             "geometry": dict(self.target.geometry), "gate": self.gate, "speed": self.speed, "verdict": self.verdict,
+             "aborted": _json(self.aborted), "retries": [_json(x) for x in self.retries],
+             "commands": self.log.commands, "stage_seconds": self.stage_seconds, "provenance": self.provenance}
+        if self.calibration is not None:
+            r["calibration"] = self.calibration
+        return r
 
     @property
     def target_id(self) -> str:
@@ -230,26 +284,28 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
-    rnd = Round(opts, lock, report)
-    rnd.scratch = scratch
-    r = rnd.receipt
-    r["calibration"] = calibration
-    r["provenance"]["ready"] = ready_record
-    rnd.history = history
-    rnd.source, rnd.main_source = src, main_src
-    rnd.frontier_source = _frontier_source(rnd) if src.is_main else None
+    frontier_src, frontier_note = _frontier_source(history, opts, scratch) if src.is_main else (None, None)
+    rnd = Round(opts, lock, report, scratch, Sources(src, main_src, frontier_src), history)
+    rnd.calibration = calibration
+    rnd.provenance["ready"] = ready_record
+    if frontier_note:
+        rnd.provenance["frontier_arm"] = frontier_note
     # the harness's own worker must start in its own environment: an environment problem, nothing written
     report("step", message="worker imports in the worker's own environment")
     ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(main_src or src, opts.cache_dir),
-                               rnd.device_env(), "main (harness)")
+                               rnd.ctx.device_env(), "main (harness)")
     try:
-        rnd.pre = rnd.stage("preflight", lambda: _preflight(rnd))
-        gate = GateStage(rnd)
-        rnd.stage("gate", gate.run)
+        rnd.set_up_arms(rnd.stage("preflight", lambda: _preflight(rnd)))
+        assert rnd.pre is not None
+        cand = rnd.arm("candidate")
+        assert cand is not None
+        gate = GateStage(rnd.ctx, rnd.pre, cand, rnd.log)
+        rnd.stage("gate", lambda: _gate(rnd, gate))
+        assert rnd.gate is not None
         if opts.gate_only:
-            return RoundOutcome(r, None, 0 if r["gate"]["pass"] else 2)
-        if r["gate"]["pass"]:
-            rnd.stage("speed", SpeedStage(rnd, gate).run)
+            return RoundOutcome(rnd.assemble(), None, 0 if rnd.gate["pass"] else 2)
+        if rnd.gate["pass"]:
+            rnd.stage("speed", lambda: _speed(rnd, gate))
         rnd.stage("verdict", lambda: _verdict(rnd))
     except _Abort as ab:
         _mark_aborted(rnd, ab.stage, ab.exc)
@@ -302,35 +358,75 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
                          "(or run with --no-seal for an unsealed trial)")
 
 
-def _preflight(rnd: Round) -> PreflightResult:
+def _preflight(rnd: Round) -> Preflight:
     """A PR candidate's own worker imports first (its failure is the candidate's, recorded), then preflight."""
-    if not rnd.source.is_main:
-        ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(rnd.source, rnd.opts.cache_dir),
-                                   rnd.device_env(), f"candidate ({rnd.source.label})", candidate=True)
+    src = rnd.sources.candidate
+    if not src.is_main:
+        ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(src, rnd.opts.cache_dir),
+                                   rnd.ctx.device_env(), f"candidate ({src.label})", candidate=True)
     return preflight(rnd)
 
 
-def _frontier_source(rnd: Round) -> cand_mod.CandidateSource | None:
+def preflight(rnd: Round) -> Preflight:
+    """Refuse rather than run something else: node class, weights, model config, fit, reference build.
+    Each section is recorded as soon as it is known, so a refusal later in preflight still shows it."""
+    ctx = rnd.ctx
+    rnd.fingerprint = fingerprint(ctx)
+    rnd.isolation = isolation_record(ctx.isolation, rnd.sources.named())  # refuses a missing/broken sandbox
+    check_node(ctx, rnd.fingerprint)
+    shards, rnd.weights = weights(ctx)
+    config, fit, rnd.fit = model_and_fit(ctx, shards)
+    ceiling = decode_ceiling_of(ctx, shards, config)
+    targets = ctx.targets(shards)
+    reference, rnd.reference = prepare_reference(ctx, rnd.log, targets)
+    check_reference_anchor(ctx, rnd.reference.identity)
+    return Preflight(shards, config, fit, ceiling, targets, reference)
+
+
+def _gate(rnd: Round, gate: GateStage) -> None:
+    ref, res = gate.collect()
+    identity = res.identity
+    if not isinstance(identity, dict):
+        raise EngineError(f"the gate worker's identity is {type(identity).__name__}, not an object")
+    cand, main = rnd.arm("candidate"), rnd.arm("main")
+    assert cand is not None and rnd.history is not None
+    rnd.candidate = Side.model_validate(cand.side(identity))
+    if main is not None:
+        rnd.main = Side.model_validate(main.side({}))
+    # the ratchet basis was read and seal-checked at preflight, before this candidate's process ran
+    # (which may have hidden or rewritten rounds/ since): never re-read here
+    h = rnd.history
+    rnd.gate = gate.judge(ref, res, h.ratchet_baselines(), h.ratchet.round_id if h.ratchet else None)
+
+
+def _speed(rnd: Round, gate: GateStage) -> None:
+    assert rnd.pre is not None and rnd.history is not None
+    stage = SpeedStage(rnd.ctx, rnd.pre, rnd.arms, gate, rnd.history)
+    rnd.speed = stage.measure()  # measured: recorded before any check below can fail
+    stage.check(rnd.speed)
+
+
+def _frontier_source(history: History, opts: RoundOptions,
+                     scratch: Path) -> tuple[cand_mod.CandidateSource | None, str | None]:
     """A main round re-measures the commit that set the scored frontier, as the arm "frontier", so its
-    gain is a same-round ratio (None when there is no frontier yet: the round is a BASELINE)."""
-    fs = rnd.history.scored_frontier
+    gain is a same-round ratio (None when there is no frontier yet: the round is a BASELINE), with the
+    receipt's note when that commit cannot run here."""
+    fs = history.scored_frontier
     if fs is None:
-        return None
+        return None, None
     from ..engine import CONTRACT_VERSION
 
     try:
-        version = cand_mod.contract_version(fs.commit, rnd.opts.repo)
+        version = cand_mod.contract_version(fs.commit, opts.repo)
     except InputError as exc:
         raise _frontier_missing(fs, exc) from None
     if version != CONTRACT_VERSION:
         # its engine cannot run under this harness's worker: the verdict falls back to the pinned slot, and
         # the receipt says why (the next main round re-measures a frontier this round sets)
-        rnd.receipt["provenance"]["frontier_arm"] = (
-            f"not measured: the frontier's commit {fs.commit[:12]} speaks engine contract {version}, this harness "
-            f"{CONTRACT_VERSION}; the verdict is against the pinned slot {fs.slot}")
-        return None
+        return None, (f"not measured: the frontier's commit {fs.commit[:12]} speaks engine contract {version}, "
+                      f"this harness {CONTRACT_VERSION}; the verdict is against the pinned slot {fs.slot}")
     try:
-        return cand_mod.export(fs.commit, "frontier", True, rnd.scratch, rnd.opts.repo)
+        return cand_mod.export(fs.commit, "frontier", True, scratch, opts.repo), None
     except InputError as exc:
         raise _frontier_missing(fs, exc) from None
 
@@ -357,45 +453,40 @@ def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:
 def _verdict(rnd: Round) -> None:
     from ..tiers import verdict_from_receipt
 
-    v = verdict_from_receipt(rnd.receipt, rnd.target)
-    rnd.receipt["verdict"] = v.as_dict()
+    rnd.verdict = verdict_from_receipt(rnd.assemble(), rnd.target).as_dict()
 
 
 def _mark_aborted(rnd: Round, stage: str, exc: ScoreboardError) -> None:
-    r = rnd.receipt
-    r["status"] = "aborted"
-    r["verdict"] = None
+    rnd.status = "aborted"
+    rnd.verdict = None
     reason = exc.message + (f" (next: {exc.hint})" if exc.hint else "")
-    r["aborted"] = {"stage": stage, "reason": reason, "transient": isinstance(exc, TransientError)}
+    rnd.aborted = Aborted(stage=stage, reason=reason, transient=isinstance(exc, TransientError))
     _fill_sides(rnd)
 
 
 def _fill_sides(rnd: Round) -> None:
     """An aborted round still records who was going to run; unknown identities stay empty."""
-    r = rnd.receipt
-    t = rnd.target
-    src = getattr(rnd, "source", None)
-    if r["candidate"] is None:
-        r["candidate"] = {"engine": t.candidate_engine, "label": rnd.opts.candidate,
-                          "commit": src.commit if src else "", "dirty": src.dirty if src else False,
-                          "is_main": src.is_main if src else rnd.opts.candidate == "main", "identity": {}}
-    if r["reference"] is None:
-        r["reference"] = {"engine": t.reference_engine, "identity": {}}
-    if r["candidate"]["is_main"]:
-        r["main"] = None
+    t, src = rnd.target, rnd.sources.candidate
+    if rnd.candidate is None:
+        rnd.candidate = Side(engine=t.candidate_engine, label=rnd.opts.candidate, commit=src.commit,
+                             dirty=src.dirty, is_main=src.is_main, identity={})
+    if rnd.reference is None:
+        rnd.reference = ReferenceSide(engine=t.reference_engine, identity={})
+    if rnd.candidate.is_main:
+        rnd.main = None
 
 
 def _finish(rnd: Round) -> RoundOutcome:
     from ..history.records import write_receipt
 
-    r = rnd.receipt
     _fill_sides(rnd)
-    if not r["environment"]:
-        r["environment"] = environment.fingerprint()
+    if not rnd.fingerprint:
+        rnd.fingerprint = environment.fingerprint()
     path, change = None, None
-    weights_pinned = bool(r.get("weights") and r["weights"].get("fully_pinned"))
-    if rnd.opts.seal and not weights_pinned and r["status"] == "verdict":
-        r["provenance"]["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
+    weights_pinned = bool(rnd.weights and rnd.weights.fully_pinned)
+    if rnd.opts.seal and not weights_pinned and rnd.status == "verdict":
+        rnd.provenance["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
+    r = rnd.assemble()
     # An aborted round is sealed too, but never on weights that cannot seal (check_inputs refuses those)
     if rnd.opts.seal and rnd.lock.weights[rnd.target.weights].fully_pinned and \
             (weights_pinned or r["status"] == "aborted"):
