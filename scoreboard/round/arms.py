@@ -20,7 +20,7 @@ from .candidate import CandidateSource, import_root
 from .clock import SessionPlan, run_session
 from .context import RoundContext, RoundLog
 from ..worker.protocol import TimedOp, WorkerOp
-from .launch import WorkerRun, run_worker
+from .launch import HarnessEngine, WorkerRun, run_worker
 from .reveal import Variants, block_order
 
 Role = Literal["reference", "candidate-side"]
@@ -69,7 +69,7 @@ class WorkerClient:
         return import_root(self.source, self.ctx.cache_dir)
 
     def call(self, op: WorkerOp, session: Callable[..., Any] | None = None, root: Path | None = None,
-             target: Any = None, timeout_s: float | None = None, harness_engine: str | None = None) -> WorkerRun:
+             target: Any = None, timeout_s: float | None = None, harness_engine: HarnessEngine = None) -> WorkerRun:
         """One fresh worker (`target`: the arm's, unless a calibration asks for a variant of it: another
         precision, an injected fault, several prompts in one launch)."""
         ctx = self.ctx

@@ -18,7 +18,7 @@ from ..engine import EngineTarget
 from ..errors import EngineError, TransientError
 from ..worker.distributed import launch_command
 from ..worker.handshake import ParentChannel, make_fifos
-from ..worker.protocol import (ProtocolError, WireTarget, WorkerOp, WorkerRequest, WorkerResult, check_result,
+from ..worker.protocol import (HarnessEngine, ProtocolError, WireTarget, WorkerOp, WorkerRequest, WorkerResult, check_result,
                                decode_result, encode, failure, pid_path, result_path)
 from . import sandbox
 from .candidate import HARNESS_ROOT
@@ -76,7 +76,7 @@ def sandboxed(import_root: Path, target: EngineTarget, cache_dir: Path, scratch:
 def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
                timeout_s: float, workdir: Path | None = None, env: dict[str, str] | None = None,
                session: Callable[[ParentChannel], Any] | None = None, isolation: str = "bwrap",
-               harness_engine: str | None = None) -> WorkerRun:
+               harness_engine: HarnessEngine = None) -> WorkerRun:
     """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
 
     `engine` is resolved here, through the registry, to the entry point the worker imports (`harness_engine`
@@ -93,17 +93,21 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
     stopped (the launcher's session, then each rank by the pid it recorded, or the sandbox's pid namespace)
     and none is left running.
     """
-    own_root = sandbox.new_scratch_root() if workdir is None else None
+    own_root: Path | None = None
+    if workdir is None:
+        own_root = root = sandbox.new_scratch_root()
+    else:
+        root = Path(workdir)
     try:
         return _run_worker(engine, import_root, target, cache_dir, op, timeout_s,
-                           sandbox.new_launch_dir(own_root or Path(workdir)), env, isolation, session, harness_engine)
+                           sandbox.new_launch_dir(root), env, isolation, session, harness_engine)
     finally:
         sandbox.remove_tree(own_root)
 
 
 def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
                 timeout_s: float, tmp: Path, env: dict[str, str] | None, isolation: str,
-                session: Callable[[ParentChannel], Any] | None, harness_engine: str | None) -> WorkerRun:
+                session: Callable[[ParentChannel], Any] | None, harness_engine: HarnessEngine) -> WorkerRun:
     entry = None if harness_engine else registry.entry_point(engine)
     res = tmp / "result.json"
     if session is not None:

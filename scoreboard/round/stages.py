@@ -109,7 +109,10 @@ def prepare_reference(ctx: RoundContext, log: RoundLog, targets: Targets) -> tup
     t = ctx.target
     engine = registry.load(t.reference_engine)
     ctx.report("step", message=f"preparing reference {t.reference_engine} at its pin (build re-verified)")
-    prepared = engine.prepare(targets.reference, ctx.cache_dir, lambda msg, frac=None: ctx.report("step", message=msg))
+    def progress(msg: str, frac: float | None = None) -> None:
+        ctx.report("step", message=msg)
+
+    prepared = engine.prepare(targets.reference, ctx.cache_dir, progress)
     return reference_arm(ctx, log, engine, prepared), ReferenceSide(engine=t.reference_engine,
                                                                      identity=prepared.identity.as_dict())
 
@@ -190,7 +193,7 @@ class GateStage:
             depths.append(grade_depth(d, ps, ref[sel], cand[sel], pol, (baselines or {}).get(d)))
         return GateResult(depths)
 
-    def collect(self) -> tuple[Any, dict[str, Any]]:
+    def collect(self) -> tuple[Any, WorkerResult]:
         """The reference's logits at the gate rows, then one candidate worker: its logits at the same rows and
         its checked output for every secret variant of every metric."""
         pol = self.ctx.target.gate
@@ -209,6 +212,8 @@ class GateStage:
         """The gate section: every depth graded (bars and ratchet), then each variant's checked output."""
         pol = self.ctx.target.gate
         per_depth, positions, _ids = self.rows(self.prompt)
+        if not res.logits:  # the protocol's check_result already refuses this; a type guard here
+            raise EngineError("the gate worker returned no logits file")
         cand = np.load(res.logits[0].path)
         result = self.grade(per_depth, positions, ref.logits, cand, baselines)
         gate = result.as_dict()
@@ -351,7 +356,7 @@ class SpeedStage:
             raise InputError(f"--blocks {self.blocks}: at least 2 blocks are needed for a paired CI")
         variants = self.gate.variants
         schedule = balanced_schedule(self.names, self.blocks, ctx.seed)
-        metrics = []
+        metrics: list[dict[str, Any]] = []
         for m in t.metrics:
             slot = t.slot(t.candidate_engine, m)
             s = self.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Optional, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -169,13 +169,16 @@ WorkerOp = Annotated[TimedOp | LogitsOp | CheckedOp | GateOp, Field(discriminato
 OPS = ("timed", "logits", "checked", "gate")
 
 
+HarnessEngine = Optional[Literal["null"]]  # a harness-owned engine a request may name instead of an entry point
+
+
 class WorkerRequest(_Wire):
     protocol: str = PROTOCOL
     engine: str  # the engine id (what the lock names); messages use it
     # "module:attr" as the parent's registry resolved `engine` (the worker imports exactly that); None only
     # for a harness engine
     entry_point: str | None
-    harness_engine: Literal["null"] | None = None  # the harness's own null engine (no entry point resolves to it)
+    harness_engine: HarnessEngine = None  # the harness's own null engine (no entry point resolves to it)
     target: WireTarget
     cache_dir: str
     timeout_s: float
