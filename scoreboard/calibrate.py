@@ -578,18 +578,12 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
     rounds = Path(rounds_dir)
     cp = chain_path(rounds)
     problems: list[tuple[str, str, str]] = []
-    try:
-        lines = _read_lines(rounds)
-    except NonCompliant as exc:
-        problems.append((str(cp), "<file>", exc.message))
-        lines = cp.read_bytes().split(b"\n")[:-1]
+    lines, file_problem = ledger.read_chain_for_report(cp)
+    if file_problem:
+        problems.append((str(cp), "<file>", file_problem))
     problems += [(f"{cp}:{n}", f, m) for n, f, m in chain_problems(lines)]
     named: dict[str, ChainLine] = {}
-    for n, raw in enumerate(lines, start=1):
-        try:
-            line = ChainLine.model_validate(json.loads(raw))
-        except ValueError:
-            continue  # reported by chain_problems
+    for n, line in ledger.valid_lines(lines, ChainLine):
         if line.calibration_id in named:
             problems.append((f"{cp}:{n}", "calibration_id", f"{line.calibration_id} already on an earlier line"))
         named[line.calibration_id] = line

@@ -13,13 +13,15 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InputError, NonCompliant
 from ..lockfile import atomic_write_text
 from .seal import canonical_bytes, sha256_hex
+
+M = TypeVar("M", bound=BaseModel)
 
 LEDGER_NAME = "ledger.jsonl"
 
@@ -81,6 +83,26 @@ def read_chain_file(p: Path) -> list[bytes]:
         raise NonCompliant(f"{p}: last line has no newline (truncated write or hand edit)",
                            "run `scoreboard verify` for the full report")
     return data.split(b"\n")[:-1] if data else []
+
+
+def read_chain_for_report(p: Path) -> tuple[list[bytes], str | None]:
+    """A chain file's raw lines for a full report: (lines, the file-level problem or None). A last line without
+    its newline is a problem, but is still returned as a line, so it is checked like every other."""
+    try:
+        return read_chain_file(p), None
+    except NonCompliant as exc:
+        return p.read_bytes().split(b"\n"), exc.message
+
+
+def valid_lines(lines: list[bytes], model: type[M]) -> Iterator[tuple[int, M]]:
+    """(line number, parsed line) for each line that parses as `model`; the rest are chain_problems' to report."""
+    import json
+
+    for n, raw in enumerate(lines, start=1):
+        try:
+            yield n, model.model_validate(json.loads(raw))
+        except ValueError:
+            continue
 
 
 def chain_problems(lines: list[bytes], model: type[BaseModel] | None = None) -> list[tuple[int, str, str]]:

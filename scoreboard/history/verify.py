@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import frontier, ledger
-from ..errors import InputError, LockError, NonCompliant
+from ..errors import InputError, LockError
 from .ledger import LedgerEntry
 from ..lockfile import Lock, load_lock
 from .receipt import scored_metric, validation_problems
@@ -142,21 +142,15 @@ def _changes_backed(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
 
 def _check_ledger(ctx: _Ctx, rounds: Path, recs: dict[str, _Rec]) -> list[tuple[int, LedgerEntry]]:
     lp = ledger.ledger_path(rounds)
-    try:
-        lines = ledger.read_lines(rounds)
-    except NonCompliant as exc:
-        ctx.add(lp, "<file>", exc.message)
-        lines = lp.read_bytes().split(b"\n")
+    lines, file_problem = ledger.read_chain_for_report(lp)
+    if file_problem:
+        ctx.add(lp, "<file>", file_problem)
     ctx.report.ledger_lines = len(lines)
     for n, fld, msg in ledger.chain_problems(lines):
         ctx.add(f"{lp}:{n}", fld, msg)
     entries: list[tuple[int, LedgerEntry]] = []
     seen: dict[str, int] = {}
-    for n, raw in enumerate(lines, start=1):
-        try:
-            e = LedgerEntry.model_validate(json.loads(raw))
-        except ValueError:
-            continue  # reported by chain_problems
+    for n, e in ledger.valid_lines(lines, LedgerEntry):
         entries.append((n, e))
         where = f"{lp}:{n}"
         if e.kind == "round":
