@@ -245,3 +245,28 @@ def test_quantized_weights_load_and_stay_close(mini, ids, tmp_path):
     assert "Q8_0" in set(qtypes.values()) and qw.output.act == "q8_0"
     ql = run(K3Model(qcfg, qw), ids[:64], 64)
     assert torch.isfinite(ql).all() and kl(run(K3Model(cfg, w), ids[:64], 64), ql).mean() < 0.2
+
+
+def test_f16_weights_load_as_stored_bit_for_bit(tmp_path):
+    """F16 tensors skip gguf-py's dequantization (one copy, cast on the device): the loaded weights must be
+    exactly what dequantizing gives, in float16 compute and in float32 compute with f16 activation rounding."""
+    from gguf.quants import dequantize
+
+    from engines.sparkinfer.weights import gguf_tensors, iter_tensors, native_array
+
+    spec = dataclasses.replace(get_spec("k3-mini"), name="k3-mini-f16", weight_type="f16")
+    shards = generate(spec, tmp_path)
+    fcfg = load_k3_config(shards[0])
+    seen = 0
+    for _path, t, shape in gguf_tensors(tuple(fcfg.shards)):
+        if t.tensor_type.name == "F16":
+            fast = native_array(t, shape)
+            assert fast.dtype == np.float16 and fast.shape == shape
+            assert np.array_equal(fast.astype(np.float32), dequantize(t.data, t.tensor_type).reshape(shape))
+            seen += 1
+    assert seen > 10
+    assert all(a.dtype in (np.float16, np.float32) for _n, a, _t in iter_tensors(tuple(fcfg.shards)))
+    w16, _ = load_weights(fcfg, tuple(fcfg.shards), "cpu", torch.float16)
+    w32, _ = load_weights(fcfg, tuple(fcfg.shards), "cpu", torch.float32)
+    assert w16.output.w.dtype == torch.float16 and w32.output.w.dtype == torch.float32
+    assert torch.equal(w16.output.w.float(), w32.output.w) and w32.output.act == "f16"

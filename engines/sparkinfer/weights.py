@@ -1,8 +1,8 @@
 """GGUF -> torch: read every shard with gguf-py, dequantize each tensor, lay it out for model.py.
 
-gguf-py dequantizes F32/F16/BF16, Q4_0..Q8_0, the K-quants and the IQ quants (IQ1_S included) to
-float32 numpy arrays in numpy order (the reverse of ggml's ``ne``); each tensor is then cast to the
-compute dtype and moved to the device. Vectors (norms, residual scores, biases, ssm_a), the conv taps
+F32 and F16 tensors are read as stored (one copy, no dequantization); gguf-py dequantizes every other
+type (BF16, Q4_0..Q8_0, the K-quants and the IQ quants, IQ1_S included) to float32. Arrays are in numpy
+order (the reverse of ggml's ``ne``); each tensor is moved to the device and cast to the compute dtype there. Vectors (norms, residual scores, biases, ssm_a), the conv taps
 and the router stay float32 (small, and they steer softmaxes and top-k routing).
 
 With float32 compute, each matrix also records the activation rounding llama.cpp's CPU backend
@@ -73,10 +73,25 @@ def to_f32(path: Path, t: Any, data: np.ndarray, shape: tuple[int, ...]) -> np.n
     return np.array(arr, dtype=np.float32, copy=True).reshape(shape)
 
 
+# GGUF types whose bytes numpy reads as they are: no dequantization, one copy in the stored width; the cast
+# to the compute dtype then runs on the device (f16 -> f16 is none; f16 -> f32 and f32 -> f32 are exact)
+NATIVE = {"F32": np.float32, "F16": np.float16}
+
+
+def native_array(t: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A tensor of a NATIVE type as one array in its stored dtype (numpy order), or None for other types."""
+    want = NATIVE.get(t.tensor_type.name)
+    if want is None:
+        return None
+    return np.array(t.data, dtype=want, copy=True).reshape(shape)
+
+
 def iter_tensors(shards: tuple[Path, ...]) -> Iterator[tuple[str, np.ndarray, str]]:
-    """(name, float32 array in numpy order, ggml type name) for every tensor of every shard."""
+    """(name, array in numpy order, ggml type name) for every tensor of every shard: F32/F16 as stored,
+    every other type dequantized to float32."""
     for path, t, shape in gguf_tensors(shards):
-        yield t.name, to_f32(path, t, t.data, shape), t.tensor_type.name
+        arr = native_array(t, shape)
+        yield t.name, to_f32(path, t, t.data, shape) if arr is None else arr, t.tensor_type.name
 
 
 def load_weights(cfg: Any, shards: tuple[Path, ...], device: str, dtype: torch.dtype,
@@ -118,11 +133,11 @@ def assemble(cfg: Any, glob: dict[str, Any], layers: list[dict[str, Any]], types
 
 def _place(key: str, arr: np.ndarray, ttype: str, device: str, dtype: torch.dtype) -> Any:
     """A vector -> float32 tensor; a matrix -> Mat in the compute dtype (router: float32)."""
-    t = torch.from_numpy(arr)
+    t = torch.from_numpy(arr).to(device)  # moved in its stored width (half the bytes for F16), cast there
     if key in VECTORS:
-        return t.to(device=device, dtype=torch.float32)
+        return t.to(torch.float32)
     act = VEC_DOT.get(ttype) if dtype == torch.float32 else None
-    return Mat(t.to(device=device, dtype=torch.float32 if key in F32_MATS else dtype), act)
+    return Mat(t.to(torch.float32 if key in F32_MATS else dtype), act)
 
 
 def _layout_layer(cfg: Any, il: int, lw: dict[str, Any]) -> None:
