@@ -18,6 +18,7 @@ from engines.sparkinfer.model import (
     attend,
     delta_rule_chunked,
     delta_rule_recurrent,
+    delta_rule_step_,
     l2_norm,
     rms_norm,
     round_act,
@@ -89,6 +90,19 @@ def test_delta_rule_decays_per_key_dimension():
     s1 = sd + torch.outer(k[0, 0], u)
     o, s = delta_rule_recurrent(q, k, v, g, b, s0, 0.5)
     assert torch.allclose(s[0], s1, atol=1e-6) and torch.allclose(o[0, 0], 0.5 * s1.T @ q[0, 0], atol=1e-6)
+
+
+def test_in_place_delta_rule_step_equals_the_recurrent_form():
+    """The decode step's fused, in-place form: same output and state as the general recurrence, and the state
+    it was given is the one updated (a CUDA graph replays against that storage)."""
+    q, k, v, g, b, s0 = _delta_inputs(1)
+    o_ref, s_ref = delta_rule_recurrent(q, k, v, g, b, s0.clone(), 0.25)
+    s = s0.clone()
+    ptr = s.data_ptr()
+    o = delta_rule_step_(q, k, v, g, b, s, 0.25)
+    assert o.shape == o_ref.shape == (1, 3, 16) and s.data_ptr() == ptr
+    assert torch.allclose(o, o_ref, atol=1e-6) and torch.allclose(s, s_ref, atol=1e-6)
+    assert not torch.allclose(s, s0)
 
 
 def test_kda_chunk_keeps_factored_decays_within_float32():

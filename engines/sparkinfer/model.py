@@ -47,7 +47,18 @@ def l2_norm(x: Tensor, eps: float) -> Tensor:
 
     sum(x^2) + eps = D * (mean(x^2) + eps / D): the fused RMSNorm at eps / D, scaled by 1 / sqrt(D)."""
     d = x.shape[-1]
-    return F.rms_norm(x.float(), (d,), None, eps / d) * (1.0 / math.sqrt(d))
+    return F.rms_norm(x.float(), (d,), _inv_sqrt(d, x.device), eps / d)
+
+
+_INV_SQRT: dict[tuple[int, str], Tensor] = {}
+
+
+def _inv_sqrt(d: int, device: torch.device) -> Tensor:
+    """A [d] f32 vector of 1/sqrt(d): l2_norm's scale as RMSNorm's weight (one launch instead of two)."""
+    key = (d, str(device))
+    if key not in _INV_SQRT:
+        _INV_SQRT[key] = torch.full((d,), 1.0 / math.sqrt(d), device=device)
+    return _INV_SQRT[key]
 
 
 def situ(g: Tensor, u: Tensor, beta: float, linear_beta: float) -> Tensor:
@@ -262,21 +273,21 @@ class K3Model:
         y = (xx.unfold(1, c.ssm_conv_kernel, 1) * lw["ssm_conv1d"]).sum(-1)  # [3*di, T] causal depthwise conv
         y = F.silu(y).T  # [T, 3*di]
         q, k, v = (z.reshape(t, h, hd) for z in y.split(di, -1))
-        g = linear(p["ssm_f_a"], lw["ssm_f_b"]) + lw["ssm_dt_b"]  # [T, di]
-        g = g.view(t, h, hd)
+        g = linear(p["ssm_f_a"], lw["ssm_f_b"]).view(t, h, hd)  # [T, H, hd]
         a = lw["ssm_a"].view(1, h, 1)  # holds -exp(A_log)
         if c.kda_gate_lower_bound is not None:  # K3: lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias))
-            g = c.kda_gate_lower_bound * torch.sigmoid(-(g * a))
+            na, dt_na = _kda_gate_consts(lw, h, hd)  # exp(A_log) and dt_bias * exp(A_log)
+            g = c.kda_gate_lower_bound * torch.sigmoid(torch.addcmul(dt_na, g, na))
         else:  # kimi-linear: -exp(A_log) * softplus(...)
-            g = F.softplus(g) * a
+            g = F.softplus(g + lw["ssm_dt_b"].view(1, h, hd)) * a
         beta = torch.sigmoid(p["ssm_beta"])  # [T, H]
         q, k = l2_norm(q, c.rms_norm_eps), l2_norm(k, c.rms_norm_eps)
         scale = 1.0 / math.sqrt(hd)
-        if t == 1:
-            o, s = delta_rule_recurrent(q, k, v, g, beta, st.s, scale)
+        if t == 1:  # in place on the state (a CUDA graph holds its storage)
+            o = delta_rule_step_(q, k, v, g, beta, st.s, scale)
         else:
             o, s = delta_rule_chunked(q, k, v, g, beta, st.s, scale, self.kda_chunk)
-        st.s.copy_(s)
+            st.s.copy_(s)
         o = rms_norm(o, lw["ssm_norm"], c.rms_norm_eps)  # [T, H, hd]
         o = o * torch.sigmoid(p["ssm_g"]).view(t, h, hd)  # full-rank output gate
         return linear(o.reshape(t, di), lw["attn_output"])
@@ -470,6 +481,25 @@ def delta_rule_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
     return torch.stack(outs, 0), s
 
 
+def _kda_gate_consts(lw: dict[str, Any], h: int, hd: int) -> tuple[Tensor, Tensor]:
+    """exp(A_log) [1, H, 1] and dt_bias * exp(A_log) [1, H, hd], made once per layer's weights: the K3 gate's
+    argument exp(A_log) * (f + dt_bias) is then one fused multiply-add."""
+    if "kda_gate.na" not in lw:
+        na = -lw["ssm_a"].view(1, h, 1)
+        lw["kda_gate.na"], lw["kda_gate.dt_na"] = na, lw["ssm_dt_b"].view(1, h, hd) * na
+    return lw["kda_gate.na"], lw["kda_gate.dt_na"]
+
+
+def delta_rule_step_(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor, scale: float) -> Tensor:
+    """One token of delta_rule_recurrent, updating s [H, dk, dv] in place: q, k, g [1, H, dk], v [1, H, dv],
+    beta [1, H] -> o [1, H, dv]. Six launches (fused multiply-adds) where the general form takes eleven."""
+    q1, k1 = q[0][:, None], k[0][:, None]  # [H, 1, dk]
+    s.mul_(torch.exp(g[0])[:, :, None])  # S' = diag(exp(g)) S
+    u = torch.baddbmm(v[0][:, None], k1, s, alpha=-1.0) * beta[0][:, None, None]  # beta (v - S'^T k) [H, 1, dv]
+    s.baddbmm_(k1.transpose(1, 2), u)  # S = S' + k u^T
+    return torch.baddbmm(u, q1, s, beta=0.0, alpha=scale).transpose(0, 1)  # scale * S^T q -> [1, H, dv]
+
+
 def _kda_chunk_for(lower_bound: float) -> int:
     """Largest power-of-two chunk (<= KDA_CHUNK_MAX) whose half-chunk decay stays within exp(+-40)."""
     c = KDA_CHUNK_MAX
@@ -517,10 +547,16 @@ def delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     q_dec = q * torch.exp(gc)  # [N, H, C, dk]
     g_last = gc[:, :, -1:]  # [N, H, 1, dk]
     k_tail = k * torch.exp(g_last - gc)  # k_j exp(G_C - G_j)
-    outs = []
+    # the chunk-to-chunk recurrence is sequential: three fused launches per chunk; the outputs, which
+    # need each chunk's starting state, are then two batched products over all chunks
+    neg_w, decay, k_tail_t = -w, torch.exp(g_last).transpose(-1, -2), k_tail.transpose(-1, -2)
+    starts, us = [], []
     for i in range(n):
-        u = u0[i] - w[i] @ s  # [H, C, dv]
-        outs.append(scale * (q_dec[i] @ s + a_qk[i] @ u))
-        s = torch.exp(g_last[i]).transpose(-1, -2) * s + k_tail[i].transpose(-1, -2) @ u
-    o = torch.stack(outs, 0).permute(0, 2, 1, 3).reshape(n * chunk, h, dv)[:t]  # [T, H, dv]
+        starts.append(s)
+        u = torch.baddbmm(u0[i], neg_w[i], s)  # U = u0 - w S0 [H, C, dv]
+        us.append(u)
+        s = torch.baddbmm(decay[i] * s, k_tail_t[i], u)
+    s0, uu = torch.stack(starts, 0).flatten(0, 1), torch.stack(us, 0).flatten(0, 1)  # [N*H, dk, dv], [N*H, C, dv]
+    o = torch.baddbmm(torch.bmm(a_qk.flatten(0, 1), uu), q_dec.flatten(0, 1), s0, beta=scale, alpha=scale)
+    o = o.view(n, h, chunk, dv).permute(0, 2, 1, 3).reshape(n * chunk, h, dv)[:t]  # [T, H, dv]
     return o, s
