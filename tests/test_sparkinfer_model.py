@@ -23,6 +23,7 @@ from engines.sparkinfer.model import (
     rms_norm,
     round_act,
     situ,
+    situ_joint,
 )
 from engines.sparkinfer.weights import load_weights
 from scoreboard.errors import InputError
@@ -121,6 +122,14 @@ def test_norms_follow_ggml():
     assert torch.allclose(l2_norm(x, 1e-5).double(), ggml_l2, atol=1e-6)
 
 
+@pytest.mark.parametrize("linear_beta", [25.0, 0.0])
+def test_joint_situ_equals_situ_of_the_halves(linear_beta):
+    h = torch.randn(5, 2, 64, generator=torch.Generator().manual_seed(4)) * 6
+    want = situ(h[..., :32], h[..., 32:], 4.0, linear_beta)
+    assert torch.allclose(situ_joint(h, 4.0, linear_beta), want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(situ_joint(h, 2.0, linear_beta), want)
+
+
 def test_situ_formula_and_linear_beta_off():
     g, u = torch.tensor([-3.0, 0.5, 9.0]), torch.tensor([2.0, -30.0, 40.0])
     a = 4.0 * torch.tanh(g / 4.0) * torch.sigmoid(g)
@@ -170,9 +179,11 @@ def test_weights_are_laid_out_for_the_model(mini):
     assert w.layers[mla]["attn_k_b"].w.shape == (cfg.n_head, cfg.kv_lora_rank, cfg.qk_nope_dim)
     assert w.layers[mla]["attn_v_b"].w.shape == (cfg.n_head, cfg.value_length_mla, cfg.kv_lora_rank)
     moe = w.layers[cfg.moe_layers[0]]
-    assert moe["ffn_up_exps"].w.shape == (cfg.n_expert, cfg.expert_ff, cfg.expert_latent_length)
+    # each expert's gate and up rows stacked: [X, 2F, lat], one gathered or grouped product for both
+    assert moe["exps_in"].w.shape == (cfg.n_expert, 2 * cfg.expert_ff, cfg.expert_latent_length)
+    assert moe["exps_in.keys"] == ("ffn_gate_exps", "ffn_up_exps") and "ffn_up_exps" not in moe
     assert moe["ffn_down_exps"].w.shape == (cfg.n_expert, cfg.expert_latent_length, cfg.expert_ff)
-    assert all(m.act is None for m in (w.output, moe["ffn_up_exps"]))  # F32 weights: activations untouched
+    assert all(m.act is None for m in (w.output, moe["exps_in"]))  # F32 weights: activations untouched
 
 
 def test_chunked_prefill_agrees_with_token_by_token_decode(mini, ids):
@@ -308,7 +319,8 @@ def test_grouped_prefill_experts_equal_the_per_token_decode_experts(mini, dtype)
     half = cfg.n_expert // 2
 
     def band(lo: int, hi: int) -> torch.Tensor:  # an expert-parallel rank holds only its band, stacked from 0
-        held = {k: (dataclasses.replace(v, w=v.w[lo:hi]) if k.endswith("_exps") else v) for k, v in lw.items()}
+        held = {k: (dataclasses.replace(v, w=v.w[lo:hi]) if k.endswith("_exps") or k == "exps_in" else v)
+                for k, v in lw.items()}
         return model._held_experts(held, xin, sel, wts, lo, hi)
 
     bands = band(0, half) + band(half, cfg.n_expert)

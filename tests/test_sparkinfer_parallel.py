@@ -212,7 +212,7 @@ def test_a_rank_loads_only_its_band_and_the_load_check_sees_what_is_resident(cfg
         w, types, claims = load_rank_weights(cfg, plan, rank, "cpu", torch.float32)
         lo, hi = plan.band(rank)
         for il in cfg.moe_layers:
-            for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            for k in ("exps_in", "ffn_down_exps"):  # exps_in: each expert's gate|up rows stacked
                 assert w.layers[il][k].w.shape[0] == hi - lo
                 assert torch.equal(w.layers[il][k].w, full.layers[il][k].w[lo:hi])
         assert torch.equal(w.layers[1]["ffn_gate_inp"].w, full.layers[1]["ffn_gate_inp"].w)  # router: whole

@@ -69,6 +69,38 @@ def situ(g: Tensor, u: Tensor, beta: float, linear_beta: float) -> Tensor:
     return a * u
 
 
+def situ_joint(h: Tensor, beta: float, linear_beta: float) -> Tensor:
+    """situ of h = [g | u] [.., 2F] (one product of a stacked gate|up matrix) -> [.., F] f32, in five launches
+    (scale, tanh, two products, sigmoid) where situ(g, u) takes nine: both tanh arguments scaled at once, the
+    constants beta * lb folded into one multiply-add."""
+    f = h.shape[-1] // 2
+    g, u = h[..., :f], h[..., f:]
+    if linear_beta > 0:
+        t = torch.tanh(h * _situ_scale(f, beta, linear_beta, h.device))
+        a = torch.addcmul(_zero(h.device), t[..., :f], t[..., f:], value=beta * linear_beta)
+    else:
+        a = torch.addcmul(_zero(h.device), torch.tanh(g * (1.0 / beta)), u, value=beta)
+    return a * torch.sigmoid(g)
+
+
+_CONSTS: dict[tuple[Any, ...], Tensor] = {}
+
+
+def _situ_scale(f: int, beta: float, linear_beta: float, device: torch.device) -> Tensor:
+    """[2F] f32: 1/beta for the gate half, 1/lb for the up half."""
+    key = ("situ", f, beta, linear_beta, str(device))
+    if key not in _CONSTS:
+        _CONSTS[key] = torch.cat([torch.full((f,), 1.0 / beta), torch.full((f,), 1.0 / linear_beta)]).to(device)
+    return _CONSTS[key]
+
+
+def _zero(device: torch.device) -> Tensor:
+    key = ("zero", str(device))
+    if key not in _CONSTS:
+        _CONSTS[key] = torch.zeros((), device=device)
+    return _CONSTS[key]
+
+
 @dataclass
 class Mat:
     """A weight matrix [out, in] (or stacked [n, out, in]) in the compute dtype, plus how its activation is
@@ -80,21 +112,48 @@ class Mat:
     splits: tuple[int, ...] = ()  # a fused stack of several matrices: their output widths
 
 
-# matrices that read the same input, fused into one product at load when they share a type (weights.py)
+# matrices that read the same input, fused into one product at load when they share a type (weights.py);
+# exps_in stacks each expert's gate and up rows ([X, 2F, lat]: one gathered or grouped product for both)
 FUSED = {
     "kda_in": ("attn_q", "attn_k", "attn_v", "ssm_f_a", "ssm_beta", "ssm_g"),
     "mla_in": ("attn_q_a", "attn_q", "attn_kv_a_mqa", "attn_gate"),
     "dense_in": ("ffn_gate", "ffn_up"),
     "moe_in": ("ffn_routed_down", "ffn_gate_shexp", "ffn_up_shexp"),
+    "exps_in": ("ffn_gate_exps", "ffn_up_exps"),
 }
 
 
-def project(lw: dict[str, Any], group: str, x: Tensor) -> dict[str, Tensor]:
+class Products(dict[str, Tensor]):
+    """project()'s result, {key: [.., out]}; when the group was fused, the keys are column ranges of one
+    product, and `span` reads neighbours joined (no copy)."""
+
+    full: Tensor | None = None
+    cols: dict[str, tuple[int, int]] = {}
+
+    def span(self, first: str, last: str) -> Tensor | None:
+        """Columns of `first` through `last` of the one product, or None when the group was not fused."""
+        if self.full is None or first not in self.cols or last not in self.cols:
+            return None
+        return self.full[..., self.cols[first][0]:self.cols[last][1]]
+
+
+def project(lw: dict[str, Any], group: str, x: Tensor) -> Products:
     """The products of x with every matrix of a FUSED group that the layer has: {key: [.., out]}."""
-    if group in lw:
-        m = lw[group]
-        return dict(zip(lw[group + ".keys"], linear(x, m).split(m.splits, -1)))
-    return {k: linear(x, lw[k]) for k in FUSED[group] if k in lw}
+    if group not in lw:
+        return Products({k: linear(x, lw[k]) for k in FUSED[group] if k in lw})
+    m = lw[group]
+    out = Products(zip(lw[group + ".keys"], (full := linear(x, m)).split(m.splits, -1)))
+    ends = [sum(m.splits[:i + 1]) for i in range(len(m.splits))]
+    out.full, out.cols = full, {k: (e - w, e) for k, w, e in zip(lw[group + ".keys"], m.splits, ends)}
+    return out
+
+
+def situ_of(p: Products, gate: str, up: str, beta: float, linear_beta: float) -> Tensor:
+    """situ of two products: joined when they are neighbours of one fused product of equal widths."""
+    h = p.span(gate, up)
+    if h is not None and p[gate].shape[-1] == p[up].shape[-1]:
+        return situ_joint(h, beta, linear_beta)
+    return situ(p[gate], p[up], beta, linear_beta)
 
 
 def round_act(x: Tensor, kind: str | None) -> Tensor:
@@ -333,7 +392,7 @@ class K3Model:
     def _dense(self, lw: dict[str, Any], x: Tensor) -> Tensor:
         c = self.cfg
         p = project(lw, "dense_in", x)
-        a = situ(p["ffn_gate"], p["ffn_up"], c.situ_beta, c.situ_linear_beta)
+        a = situ_of(p, "ffn_gate", "ffn_up", c.situ_beta, c.situ_linear_beta)
         return linear(a, lw["ffn_down"])
 
     def _moe(self, lw: dict[str, Any], x: Tensor) -> Tensor:
@@ -361,7 +420,7 @@ class K3Model:
         else:
             out = linear(out, lw["ffn_routed_up"])  # [T, E]
         if "ffn_gate_shexp" in p:
-            sh = situ(p["ffn_gate_shexp"], p["ffn_up_shexp"], c.situ_beta, c.situ_linear_beta)
+            sh = situ_of(p, "ffn_gate_shexp", "ffn_up_shexp", c.situ_beta, c.situ_linear_beta)
             out = out + linear(sh, lw["ffn_down_shexp"])
         return out
 
@@ -369,13 +428,18 @@ class K3Model:
         """One token through experts `e` [m] (indices into the stacked weights) weighted by w [m].
         xin [1, lat] -> [1, lat]."""
         c = self.cfg
-        gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]
+        down = lw["ffn_down_exps"]
         m = int(e.shape[0])
-        xg = round_act(xin, gate.act).to(gate.w.dtype).expand(m, -1)[:, None]  # [m, 1, lat]
-        xu = round_act(xin, up.act).to(up.w.dtype).expand(m, -1)[:, None]
-        g = torch.bmm(xg, gate.w[e].transpose(1, 2)).float()  # [m, 1, ff]
-        u = torch.bmm(xu, up.w[e].transpose(1, 2)).float()
-        a = round_act(situ(g, u, c.situ_beta, c.situ_linear_beta), down.act)
+
+        def product(mat: Mat) -> Tensor:  # [m, 1, out]: x times each selected expert's matrix
+            xa = round_act(xin, mat.act).to(mat.w.dtype).expand(m, -1)[:, None]  # [m, 1, lat]
+            return torch.bmm(xa, mat.w[e].transpose(1, 2)).float()
+
+        if "exps_in" in lw:  # gate|up stacked: one gather, one product
+            a = situ_joint(product(lw["exps_in"]), c.situ_beta, c.situ_linear_beta)
+        else:
+            a = situ(product(lw["ffn_gate_exps"]), product(lw["ffn_up_exps"]), c.situ_beta, c.situ_linear_beta)
+        a = round_act(a, down.act)
         y = torch.bmm(a.to(down.w.dtype), down.w[e].transpose(1, 2)).float()[:, 0]  # [m, lat]
         return (y * w[:, None]).sum(0, keepdim=True)
 
@@ -389,7 +453,6 @@ class K3Model:
         The one expert loop: the single-process model holds all of them, an expert-parallel rank its band.
         xin [T, lat], sel/wts [T, k] -> [T, lat]."""
         c = self.cfg
-        gate, up, down = lw["ffn_gate_exps"], lw["ffn_up_exps"], lw["ffn_down_exps"]  # [X, ff, lat] x2, [X, lat, ff]
         t, k = sel.shape
         if t == 1:  # decode: gather the selected experts' weights, batched matmuls
             if (lo, hi) == (0, c.n_expert):  # all held: static shapes (a CUDA graph can capture it)
@@ -413,9 +476,12 @@ class K3Model:
         held = counts[lo:hi]
         offs = torch.tensor(held, device=xin.device).cumsum(0).to(torch.int32)  # end row of each group
         xi = xin[rows]  # [n, lat]
-        a = situ(grouped_linear(xi, gate, offs, held), grouped_linear(xi, up, offs, held), c.situ_beta,
-                 c.situ_linear_beta)
-        y = grouped_linear(a, down, offs, held) * wts.reshape(-1)[idx, None]  # [n, lat]
+        if "exps_in" in lw:  # gate|up stacked [X, 2ff, lat]: one grouped product for both
+            a = situ_joint(grouped_linear(xi, lw["exps_in"], offs, held), c.situ_beta, c.situ_linear_beta)
+        else:
+            a = situ(grouped_linear(xi, lw["ffn_gate_exps"], offs, held),
+                     grouped_linear(xi, lw["ffn_up_exps"], offs, held), c.situ_beta, c.situ_linear_beta)
+        y = grouped_linear(a, lw["ffn_down_exps"], offs, held) * wts.reshape(-1)[idx, None]  # [n, lat]
         return out.index_add_(0, rows, y)
 
 

@@ -172,7 +172,8 @@ def _fuse(lw: dict[str, Any], group: str, keys: list[str]) -> None:
     mats = [lw[k] for k in keys]
     if len(mats) < 2 or len({(m.act, m.w.dtype) for m in mats}) != 1:
         return
-    lw[group] = Mat(torch.cat([m.w for m in mats], 0), mats[0].act, tuple(m.w.shape[0] for m in mats))
+    # stacked along the output rows: dim 0 of a matrix [out, in], dim 1 of an expert stack [X, out, in]
+    lw[group] = Mat(torch.cat([m.w for m in mats], -2), mats[0].act, tuple(m.w.shape[-2] for m in mats))
     lw[group + ".keys"] = tuple(keys)
     for k in keys:
         del lw[k]
