@@ -468,9 +468,8 @@ class K3Model:
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=c.n_expert).tolist()
         start, n = sum(counts[:lo]), sum(counts[lo:hi])
-        out = torch.zeros(t, xin.shape[1], device=xin.device)
         if n == 0:
-            return out
+            return torch.zeros(t, xin.shape[1], device=xin.device)
         idx = order[start:start + n]  # the held assignments, grouped by expert
         rows = idx // k  # token of each
         held = counts[lo:hi]
@@ -482,7 +481,12 @@ class K3Model:
             a = situ(grouped_linear(xi, lw["ffn_gate_exps"], offs, held),
                      grouped_linear(xi, lw["ffn_up_exps"], offs, held), c.situ_beta, c.situ_linear_beta)
         y = grouped_linear(a, lw["ffn_down_exps"], offs, held) * wts.reshape(-1)[idx, None]  # [n, lat]
-        return out.index_add_(0, rows, y)
+        # the routed sum per token in a fixed order: each assignment's row put back at its (token, slot) place,
+        # then summed over the k slots. index_add_ over repeated rows adds by atomics on CUDA, in an order that
+        # changes from run to run: on the H200 the same prompt then gave different greedy tokens (a REJECT)
+        per_slot = torch.zeros(t * k, xin.shape[1], device=xin.device)
+        per_slot[idx] = y
+        return per_slot.view(t, k, -1).sum(1)
 
 
 GROUPED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what torch._grouped_mm multiplies
