@@ -618,14 +618,15 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
         cal = r.get("calibration")
         if not isinstance(cal, Mapping) or cal.get("status") != "calibrated":
             continue
-        line = named.get(str(cal.get("calibration_id")))
+        named_line = named.get(str(cal.get("calibration_id")))
         where = str(rounds / f"{rid}.json")
-        if line is None:
+        if named_line is None:
             problems.append((where, "calibration.calibration_id", f"{cal.get('calibration_id')!r} is not in {cp}"))
-        elif (cal.get("record_sha256"), cal.get("seal_sha256")) != (line.record_sha256, line.seal_sha256):
-            problems.append((where, "calibration.record_sha256", f"does not match {cp}'s line for {line.calibration_id}"))
-        elif line.target != r.get("target"):
-            problems.append((where, "calibration.calibration_id", f"calibrates target {line.target!r}, not "
+        elif (cal.get("record_sha256"), cal.get("seal_sha256")) != (named_line.record_sha256, named_line.seal_sha256):
+            problems.append((where, "calibration.record_sha256",
+                             f"does not match {cp}'s line for {named_line.calibration_id}"))
+        elif named_line.target != r.get("target"):
+            problems.append((where, "calibration.calibration_id", f"calibrates target {named_line.target!r}, not "
                                                                    f"{r.get('target')!r}"))
     return len(named), problems
 

@@ -228,7 +228,7 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
                 pts += [(x(i - 1) if i else px0, y(prev)), (x(i), y(prev))]
             pts.append((x(i), y(s.after)))
             prev = s.after
-        pts.append((px1, y(prev)))
+        pts.append((px1, y(steps[-1].after)))  # the last step's value holds to the right edge
         p.append(f'<polyline fill="none" stroke="{_CAND}" stroke-width="2.5" points="'
                  + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
         refs = [(x(i), y(ref)) for i, s in enumerate(steps) if (ref := s.reference)]

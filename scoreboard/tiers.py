@@ -79,6 +79,11 @@ class Evidence:
         lo, hi = self.ratio.low, self.ratio.high
         return (lo - 1.0, hi - 1.0) if self.higher_is_better else (1.0 - hi, 1.0 - lo)
 
+    @property
+    def n_blocks(self) -> int:
+        """Paired blocks behind the interval (0: a single number, no interval)."""
+        return self.ratio.n_blocks if self.ratio is not None else 0
+
 
 def metric_name(m: Metric) -> str:
     return f"{m.phase} {m.n_tokens} tok @ depth {m.depth}"
@@ -90,14 +95,14 @@ def evidence(metric: Metric, candidate_blocks: Sequence[float], policy: TierPoli
     """Build a metric's evidence from block values (tok/s): paired vs `main_blocks` (the same-round arm
     named by `paired_basis`) if given, else vs the slot."""
     value = geometric_mean(candidate_blocks)
-    kw = dict(confidence=policy.confidence, resamples=policy.bootstrap_resamples, seed=seed)
+    conf, resamples = policy.confidence, policy.bootstrap_resamples
     name = metric_name(metric)
     if main_blocks is not None:
-        ratio = paired_ratio_ci(candidate_blocks, main_blocks, **kw)
+        ratio = paired_ratio_ci(candidate_blocks, main_blocks, confidence=conf, resamples=resamples, seed=seed)
         return Evidence(name, metric.role, metric.higher_is_better, value, paired_basis,
                         geometric_mean(main_blocks), ratio, metric.unit, tuple(notes))
     if frontier_slot > 0:
-        ratio = ci_vs_constant(candidate_blocks, frontier_slot, **kw)
+        ratio = ci_vs_constant(candidate_blocks, frontier_slot, confidence=conf, resamples=resamples, seed=seed)
         return Evidence(name, metric.role, metric.higher_is_better, value, "frontier-slot", float(frontier_slot),
                         ratio, metric.unit, tuple(notes))
     return Evidence(name, metric.role, metric.higher_is_better, value, "none", 0.0, None, metric.unit, tuple(notes))
@@ -120,23 +125,23 @@ def _bucket(gain: float, buckets: Mapping[str, float]) -> str | None:
 
 def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
     """The label the speed alone earns, with its reasons."""
-    if ev.basis == "none" or ev.frontier <= 0:
+    g = ev.gain  # None exactly when the frontier is 0
+    if ev.basis == "none" or g is None:
         return "BASELINE", [f"{ev.name}: no frontier yet (slot is 0): this value becomes the first basis"]
-    g = ev.gain
     ci = ev.gain_ci
     lo, hi = ci if ci is not None else (g, g)
     if ev.ratio is not None and ev.ratio.n_blocks < policy.min_blocks:
         return "inconclusive", [f"{ev.name}: {ev.ratio.n_blocks} paired blocks < min_blocks {policy.min_blocks}: "
                                 f"too few to estimate the noise; rerun with --blocks {policy.min_blocks} or more"]
     if ci is not None and hi - lo > policy.max_ci_width + _EPS:
-        n = ev.ratio.n_blocks
+        n = ev.n_blocks
         total = suggest_blocks(n, hi - lo, policy.max_ci_width)
         return "inconclusive", [f"{ev.name}: CI width {(hi - lo) * 100:.2f} points > max_ci_width "
                                 f"{policy.max_ci_width * 100:.2f}; rerun with about {total} blocks "
                                 f"(add {total - n}) or on a quieter box"]
     if not policy.buckets:
         return "none", ["tier policy has no buckets"]
-    smallest_name = min(policy.buckets, key=policy.buckets.get)
+    smallest_name = min(policy.buckets, key=policy.buckets.__getitem__)
     smallest = policy.buckets[smallest_name]
     if lo <= _EPS:
         what = "the CI lower bound" if ci is not None else "the claimed gain"
@@ -144,7 +149,7 @@ def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
     if g < smallest - _EPS:
         return "none", [f"{ev.name}: gain {_pct(g)} is below the smallest bucket {smallest_name} "
                         f"({smallest * 100:.2f}%)"]
-    b = _bucket(g, policy.buckets)
+    b = _bucket(g, policy.buckets) or smallest_name  # g reached the smallest bucket, so _bucket found one
     return b, [f"{ev.name}: gain {_pct(g)} reaches {b} (>= {policy.buckets[b] * 100:.2f}%)"]
 
 
@@ -154,8 +159,8 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
     notes: list[str] = []
     tol = policy.guard_tolerance
     for g in guards:
-        ci = g.gain_ci
-        if ci is None:
+        ci, gain = g.gain_ci, g.gain
+        if ci is None or gain is None:
             notes.append(f"guard {g.name}: no basis yet, cannot regress")
             continue
         if g.ratio is not None and g.ratio.n_blocks < policy.min_blocks:
@@ -163,10 +168,10 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
             continue
         if ci[1] < -tol - _EPS:
             fails.append(f"guard {g.name} regressed: {g.value:.4g} vs {g.frontier:.4g} {g.unit} ({g.basis}), "
-                         f"gain {_pct(g.gain)} with CI [{_pct(ci[0])}, {_pct(ci[1])}] entirely below "
+                         f"gain {_pct(gain)} with CI [{_pct(ci[0])}, {_pct(ci[1])}] entirely below "
                          f"-{tol * 100:.2f}% (guard_tolerance)")
         else:
-            notes.append(f"guard {g.name}: ok, gain {_pct(g.gain)} CI [{_pct(ci[0])}, {_pct(ci[1])}]")
+            notes.append(f"guard {g.name}: ok, gain {_pct(gain)} CI [{_pct(ci[0])}, {_pct(ci[1])}]")
     return fails, notes
 
 
@@ -227,13 +232,13 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
         body = (f"{head}, and there is no frontier yet" + (
             "." if flagged else ", so it is the BASELINE the next rounds are scored against."))
     else:
-        g, ci = ev.gain, ev.gain_ci
+        g, ci = ev.gain or 0.0, ev.gain_ci  # a basis other than "none" has a frontier > 0, so a gain
         body = (f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}"
                 + (" (same estimator)" if ev.basis == "main-same-round" and not claim else "")
                 + f", a gain of {_pct(g)}")
         if ci is not None:
             body += (f" ({policy.confidence * 100:.0f}% CI {_pct(ci[0])} to {_pct(ci[1])} over "
-                     f"{ev.ratio.n_blocks} blocks)")
+                     f"{ev.n_blocks} blocks)")
         else:
             body += " (a single number, no confidence interval)"
         body += "."
@@ -320,7 +325,7 @@ def gate_check(gate: GateRec | None, policy: GatePolicy) -> tuple[bool, list[str
     if gate is None:
         return False, ["gate: no gate statistics (the gate did not run or failed to complete)"], False
     reasons: list[str] = []
-    depths = {d.get("depth"): d for d in gate.depths}
+    depths: dict[Any, dict[str, Any]] = {d.get("depth"): d for d in gate.depths}
     for want in policy.depths:
         if want not in depths:
             reasons.append(f"gate: depth {want} was not graded (a partial suite is never scored)")
