@@ -216,7 +216,7 @@ def _check_calibrations(ctx: _Ctx, rounds: Path, trusted: Any, recs: dict[str, _
     """The calibration chain, every sealed record, and every receipt's reference to one."""
     from ..calibrate import verify_problems
 
-    n, problems = verify_problems(rounds, trusted, {rid: rec.data for rid, rec in recs.items()})
+    n, problems = verify_problems(rounds, trusted, {rid: rec.receipt for rid, rec in recs.items()})
     ctx.report.calibrations = n
     for file, fld, msg in problems:
         ctx.add(file, fld, msg)
