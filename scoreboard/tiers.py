@@ -29,11 +29,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, TypeVar
 
+from pydantic import BaseModel, ValidationError
 
 from .errors import InputError
 from .gate import bar_reasons
-from pydantic import BaseModel, ValidationError
-
 from .history.receipt import Arm as ArmRec
 from .history.receipt import (VERDICT_BASES, VERDICT_LABELS, GateRec, Receipt, SpeedMetric, SpeedRec, Verdict,
                               receipt_target, refuse_unknown_format, validation_messages)
