@@ -197,11 +197,13 @@ def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, 
     seal = check_seal(data) + check_signature(data)
     if seal:
         raise _fail(f"{path}: seal does not verify ({'; '.join(f'{f}: {m}' for f, m in seal[:3])})", resume)
-    checks = [(data["round_id"] != e.round_id, f"round_id is {data['round_id']!r}, the line says {e.round_id!r}"),
-              (data["seal"]["sha256"] != e.seal_sha256, "seal.sha256 differs from the line's seal_sha256"),
-              (data["seal"]["prev_ledger_sha256"] != e.prev_sha256,
+    r = Receipt.model_validate(data)
+    seal_sha, prev = (r.seal.sha256, r.seal.prev_ledger_sha256) if r.seal else ("", "")  # check_seal: present
+    checks = [(r.round_id != e.round_id, f"round_id is {r.round_id!r}, the line says {e.round_id!r}"),
+              (seal_sha != e.seal_sha256, "seal.sha256 differs from the line's seal_sha256"),
+              (prev != e.prev_sha256,
                "sealed after a different ledger line than the one it follows (reordered)"),
-              (data["target"] != e.target, f"target is {data['target']!r}, the line says {e.target!r}")]
+              (r.target != e.target, f"target is {r.target!r}, the line says {e.target!r}")]
     for bad_, why in checks:
         if bad_:
             raise _fail(f"{path}: {why} ({where})", verify_hint)
