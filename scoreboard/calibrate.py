@@ -39,7 +39,7 @@ from .history import ledger
 from .cache import cache_dir as default_cache_dir
 from .errors import InputError, NonCompliant
 from .lockfile import GatePolicy, Lock, Target, atomic_write_text, lock_digest, load_lock
-from .history.receipt import utc_now
+from .history.receipt import Receipt, utc_now
 from .history.seal import canonical_bytes, check_seal, check_signature, load_private_key, make_seal, sha256_hex
 
 CHAIN_NAME = "calibrations.jsonl"
@@ -572,7 +572,7 @@ def skipped(reason: str) -> dict[str, Any]:
 # verify
 
 def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
-                    receipts: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[int, list[tuple[str, str, str]]]:
+                    receipts: Mapping[str, Receipt] | None = None) -> tuple[int, list[tuple[str, str, str]]]:
     """(records checked, problems as (file, field, message)): the chain, every record's bytes, seal and
     signature, orphan records, and every receipt's reference to a calibration."""
     rounds = Path(rounds_dir)
@@ -615,18 +615,19 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
         if p.stem not in named:
             problems.append((str(p), "<file>", f"no line in {cp} (deleted line?)"))
     for rid, r in (receipts or {}).items():
-        cal = r.get("calibration")
-        if not isinstance(cal, Mapping) or cal.get("status") != "calibrated":
+        cal = r.calibration
+        if cal is None or cal.status != "calibrated":
             continue
-        line = named.get(str(cal.get("calibration_id")))
+        named_line = named.get(cal.calibration_id)
         where = str(rounds / f"{rid}.json")
-        if line is None:
-            problems.append((where, "calibration.calibration_id", f"{cal.get('calibration_id')!r} is not in {cp}"))
-        elif (cal.get("record_sha256"), cal.get("seal_sha256")) != (line.record_sha256, line.seal_sha256):
-            problems.append((where, "calibration.record_sha256", f"does not match {cp}'s line for {line.calibration_id}"))
-        elif line.target != r.get("target"):
-            problems.append((where, "calibration.calibration_id", f"calibrates target {line.target!r}, not "
-                                                                   f"{r.get('target')!r}"))
+        if named_line is None:
+            problems.append((where, "calibration.calibration_id", f"{cal.calibration_id!r} is not in {cp}"))
+        elif (cal.record_sha256, cal.seal_sha256) != (named_line.record_sha256, named_line.seal_sha256):
+            problems.append((where, "calibration.record_sha256",
+                             f"does not match {cp}'s line for {named_line.calibration_id}"))
+        elif named_line.target != r.target:
+            problems.append((where, "calibration.calibration_id", f"calibrates target {named_line.target!r}, not "
+                                                                   f"{r.target!r}"))
     return len(named), problems
 
 

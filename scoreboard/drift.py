@@ -8,43 +8,40 @@ A warning, never a verdict change: the verdict's basis is paired within the roun
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
+from .history.receipt import Receipt, arm_value
 from .lockfile import Lock, Target
 
 
-def reference_drift(receipt: Mapping[str, Any], lock: Lock | None,
-                    baselines: Mapping[str, float] | None = None) -> list[str]:
+def reference_drift(receipt: Receipt, lock: Lock | None, baselines: Mapping[str, float] | None = None) -> list[str]:
     """One warning per metric whose reference arm is more than speed.reference_drift_max away from the
     baseline slot. `baselines` (slot -> tok/s as read before the round) wins over `lock`'s slots; a slot
     last written by this very round is not its own baseline."""
-    from .history.receipt import arm_value
-
-    speed, raw = receipt.get("speed"), receipt.get("lock_target")
-    if not speed or not isinstance(raw, Mapping):
+    if not receipt.speed or receipt.lock_target is None:
         return []
     try:
-        target = Target.model_validate(raw)
+        target = Target.model_validate(receipt.lock_target)
     except ValueError:
         return []
     tol = target.speed.reference_drift_max
     out = []
     for m in target.metrics:
-        entry = next((e for e in speed.get("metrics", []) if (e.get("phase"), e.get("depth"), e.get("n_tokens"))
+        entry = next((e for e in receipt.speed.metrics if (e.phase, e.depth, e.n_tokens)
                       == (m.phase, m.depth, m.n_tokens)), None)
-        if entry is None or "reference" not in entry.get("arms", {}):
+        if entry is None or "reference" not in entry.arms:
             continue
         slot = target.slot(target.reference_engine, m)
         if baselines is not None:
             base = baselines.get(slot, 0.0)
         else:
             s = lock.slots.get(slot) if lock is not None else None
-            base = s.value if s is not None and s.round != receipt.get("round_id") else 0.0
+            base = s.value if s is not None and s.round != receipt.round_id else 0.0
         if not base:
             continue
         try:
             value = arm_value(entry, "reference")
-        except (KeyError, ValueError):
+        except ValueError:
             continue
         ratio = value / base
         if abs(ratio - 1.0) > tol:

@@ -8,12 +8,14 @@ carry: the step's tier and the reference engine's value for the same metric in t
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from .history.receipt import Receipt
 
 UNIT = "tok/s"
 
@@ -58,34 +60,32 @@ def ladder_steps(lines: list[dict[str, Any]], target: str | None = None) -> list
     return steps
 
 
-def _receipt_facts(path: Path) -> tuple[dict[str, Any] | None, str]:
+def _receipt_facts(path: Path) -> tuple[Receipt | None, str]:
     """(receipt, problem): the receipt only when its seal holds — an edited one lends the ladder nothing."""
-    from .history.seal import check_seal
+    from .history.sealed import inspect_receipt
 
     if not path.is_file():
         return None, f"{path.name}: receipt missing"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"{path.name}: not readable JSON ({exc})"
-    problems = check_seal(data) if isinstance(data, dict) else [("<root>", "not a JSON object")]
-    if problems:
-        kind = "UNSEALED" if problems[0][0] == "seal" else "TAMPERED"
-        return None, f"{path.name}: {kind} ({', '.join(f for f, _ in problems)})"
-    return data, ""
+    f = inspect_receipt(path)
+    if f.sealed is not None:
+        return f.sealed.receipt, ""
+    if f.raw is None:
+        return None, f"{path.name}: not readable JSON ({f.problems[0][1]})"
+    if f.state == "UNREADABLE":
+        return None, f"{path.name}: UNREADABLE ({f.problems[0][1].splitlines()[0]})"
+    return None, f"{path.name}: {f.state} ({', '.join(fld for fld, _ in f.problems)})"
 
 
-def _slot_metric(receipt: dict[str, Any], slot: str) -> tuple[str, float | None]:
+def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None]:
     """(metric name, the reference arm's value) for the candidate slot `slot` in this receipt."""
-    from .history.receipt import arm_value
+    from .history.receipt import arm_value, metric_label
 
-    for m in (receipt.get("speed") or {}).get("metrics", []):
-        if m.get("slot") == slot:
-            name = f"{m['phase']} {m['n_tokens']} tok @ depth {m['depth']}"
+    for m in receipt.speed.metrics if receipt.speed else []:
+        if m.slot == slot:
             try:
-                return name, arm_value(m, "reference")
+                return metric_label(m), arm_value(m, "reference")
             except (KeyError, ValueError):
-                return name, None
+                return metric_label(m), None
     return "", None
 
 
@@ -95,7 +95,7 @@ def ladder_from_history(rounds_dir: str | Path, target: str | None = None) -> li
 
     rounds = Path(rounds_dir)
     out = []
-    cache: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    cache: dict[str, tuple[Receipt | None, str]] = {}
     for s in ladder_steps(read_ledger(rounds), target):
         if s.round_id not in cache:
             cache[s.round_id] = _receipt_facts(rounds / f"{s.round_id}.json")
@@ -104,7 +104,7 @@ def ladder_from_history(rounds_dir: str | Path, target: str | None = None) -> li
             out.append(Step(**{**asdict(s), "receipt_problem": problem}))
             continue
         metric, ref = _slot_metric(rec, s.slot)
-        out.append(Step(**{**asdict(s), "tier": (rec.get("verdict") or {}).get("label", ""), "reference": ref,
+        out.append(Step(**{**asdict(s), "tier": rec.verdict.label if rec.verdict else "", "reference": ref,
                            "metric": metric}))
     return out
 
@@ -228,10 +228,10 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
                 pts += [(x(i - 1) if i else px0, y(prev)), (x(i), y(prev))]
             pts.append((x(i), y(s.after)))
             prev = s.after
-        pts.append((px1, y(prev)))
+        pts.append((px1, y(steps[-1].after)))  # the last step's value holds to the right edge
         p.append(f'<polyline fill="none" stroke="{_CAND}" stroke-width="2.5" points="'
                  + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
-        refs = [(x(i), y(s.reference)) for i, s in enumerate(steps) if s.reference]
+        refs = [(x(i), y(ref)) for i, s in enumerate(steps) if (ref := s.reference)]
         if refs:
             p.append(f'<polyline fill="none" stroke="{_REF}" stroke-width="2" stroke-dasharray="6 4" points="'
                      + " ".join(f"{a:.1f},{b:.1f}" for a, b in refs) + '"/>')

@@ -12,7 +12,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, Mapping, TypeVar, Union
 
 import tomlkit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -402,7 +402,7 @@ def _numeric(text: str) -> bool:
     return True
 
 
-def _type_problem(err: dict[str, Any], path: str) -> str:
+def _type_problem(err: Mapping[str, Any], path: str) -> str:
     """A strict-typing error with the value as written and the fix."""
     want, got = _TYPE_WORDS[err["type"]], err.get("input")
     key = path.rsplit(".", 1)[-1]
@@ -440,7 +440,7 @@ def _name_problems(data: dict[str, Any]) -> list[str]:
     """Cross-references between tables, checked on the raw document so they are reported together
     with structural errors."""
     problems: list[str] = []
-    targets = data.get("targets") if isinstance(data.get("targets"), dict) else {}
+    targets = _table_of(data, "targets")
     for tid, t in targets.items():
         if not isinstance(t, dict):
             continue
@@ -448,13 +448,19 @@ def _name_problems(data: dict[str, Any]) -> list[str]:
         for key, table, what in (("reference", "references", "reference"), ("weights", "weights", "weights"),
                                  ("node", "nodes", "node class")):
             value = t.get(key)
-            known = data.get(table) if isinstance(data.get(table), dict) else {}
+            known = _table_of(data, table)
             if isinstance(value, str) and value not in known:
                 problems.append(f"{base}.{key}: unknown {what} {value!r}")
         if t.get("reference_engine") is not None and t.get("reference_engine") == t.get("candidate_engine"):
             problems.append(f"{base}.candidate_engine: must differ from reference_engine")
         problems += _parallel_problems(base, t, data)
     return problems
+
+
+def _table_of(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """`doc[key]` when it is a table, else an empty one (its own problem is reported elsewhere)."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _parallel_problems(base: str, t: dict[str, Any], data: dict[str, Any]) -> list[str]:
@@ -468,7 +474,7 @@ def _parallel_problems(base: str, t: dict[str, Any], data: dict[str, Any]) -> li
         return [f"{base}.parallel.ranks: {ranks} ranks need {ranks} GPUs, node class {t['node']!r} has {gpus} "
                 f"(set ranks <= {gpus}, or use a node class with more GPUs)"]
     cores = node.get("min_cpu_cores", 1)
-    geometry = t.get("geometry") if isinstance(t.get("geometry"), dict) else {}
+    geometry = _table_of(t, "geometry")
     threads = geometry.get("n_threads") or 1
     if (t.get("device") == "cpu" and isinstance(ranks, int) and ranks > 1 and isinstance(cores, int)
             and isinstance(threads, int) and ranks * threads > cores):

@@ -11,10 +11,13 @@ from __future__ import annotations
 import difflib
 import importlib
 from importlib.metadata import entry_points
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .engine import Engine
 from .errors import InputError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 GROUP = "scoreboard.engines"
 _injected: dict[str, Callable[[], Engine] | str] = {}
@@ -47,7 +50,7 @@ def inject_options(name: str, lock_model: type, full_model: type | None = None) 
     _injected_options[name] = (lock_model, full_model or lock_model)
 
 
-def options_models(name: str) -> tuple[type, type] | None:
+def options_models(name: str) -> tuple[type[BaseModel], type[BaseModel]] | None:
     """(what a lock may set, what the engine reads) for engine `name`, as pydantic models; None when unknown.
 
     An engine declares them in the module ``options`` beside its entry point's module (``engines.sparkinfer.options``
@@ -74,9 +77,11 @@ def options_models(name: str) -> tuple[type, type] | None:
         return None
     except ImportError:
         return None
-    lock_model = getattr(mod, "LockOptions", None)
-    full_model = getattr(mod, "Options", lock_model)
-    return (lock_model, full_model) if lock_model is not None else None
+    lock_model: type[BaseModel] | None = getattr(mod, "LockOptions", None)
+    if lock_model is None:
+        return None
+    full_model: type[BaseModel] = getattr(mod, "Options", lock_model)
+    return lock_model, full_model
 
 
 def load(name: str) -> Engine:
@@ -100,7 +105,7 @@ def load_entry_point(name: str, spec: str) -> Engine:
     """Instantiate engine `name` from its "module:attr" spec (what :func:`entry_point` gave)."""
     module, _, attr = spec.partition(":")
     try:
-        obj = importlib.import_module(module)
+        obj: Any = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except ImportError as exc:

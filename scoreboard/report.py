@@ -9,7 +9,6 @@ UNSEALED/TAMPERED and its verdict is not rendered.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -17,8 +16,9 @@ from typing import Any
 
 from . import __version__
 from .ladder import Step, compounding, ladder_from_history, slot_panel_svg
+from .history.receipt import GateRec, Receipt, metric_label
 from .history.records import receipt_files
-from .history.seal import check_seal, check_signature
+from .history.sealed import inspect_receipt
 
 _CSS = """
 body{font-family:"DejaVu Sans",Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff;
@@ -43,9 +43,10 @@ svg{max-width:100%;height:auto;border:1px solid #ddd;margin:4px 0}
 @dataclass
 class RoundView:
     path: Path
-    data: dict[str, Any] | None
+    data: dict[str, Any] | None  # the JSON as read (listed even when its seal fails)
     seal: str  # "sealed" | "UNSEALED" | "TAMPERED" | "UNREADABLE"
     problems: list[str] = field(default_factory=list)
+    receipt: Receipt | None = None  # parsed; set exactly when the seal holds
 
 
 @dataclass
@@ -61,17 +62,12 @@ class Report:
 
 
 def _load(path: Path) -> RoundView:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return RoundView(path, None, "UNREADABLE", [str(exc)])
-    if not isinstance(data, dict):
-        return RoundView(path, None, "UNREADABLE", ["not a JSON object"])
-    problems = check_seal(data) or check_signature(data)
-    if problems:
-        kind = "UNSEALED" if problems[0][0] == "seal" else "TAMPERED"
-        return RoundView(path, data, kind, [f"{f}: {m}" for f, m in problems])
-    return RoundView(path, data, "sealed")
+    f = inspect_receipt(path)
+    if f.raw is None:
+        return RoundView(path, None, "UNREADABLE", [m for _, m in f.problems])
+    if f.sealed is None:
+        return RoundView(path, f.raw, f.state, [f"{fld}: {m}" for fld, m in f.problems])
+    return RoundView(path, f.raw, "sealed", receipt=f.sealed.receipt)
 
 
 def _t(*cells: Any, head: bool = False, left: int = 0) -> str:
@@ -80,43 +76,43 @@ def _t(*cells: Any, head: bool = False, left: int = 0) -> str:
         + "</tr>"
 
 
-def _gate(gate: dict[str, Any] | None) -> str:
+def _gate(gate: GateRec | None) -> str:
     if not gate:
         return '<p class="dim">no gate statistics (the round stopped before the gate finished)</p>'
     rows = [_t("depth", "rows", "KL mean (nats)", "KL p99", "KL max", "top-1", "ratchet basis", "pass", head=True)]
-    for d in gate.get("depths", []):
+    for d in gate.depths:
         base = d.get("ratchet_baseline")
         rows.append(_t(d["depth"], d["rows"], f"{d['kl_mean']:.3g}", f"{d['kl_p99']:.3g}", f"{d['kl_max']:.3g}",
                        f"{d['top1']:.4f}", "-" if base is None else f"{base:.3g}",
                        '<span class="ok">yes</span>' if d.get("pass") else '<span class="bad">no</span>'))
     greedy = "".join(f"<li>checked decode {escape(g['metric'])}: greedy tokens match the reference's argmax on "
-                     f"{g['top1_vs_reference']:.3f} of positions</li>" for g in gate.get("greedy_check", []))
+                     f"{g['top1_vs_reference']:.3f} of positions</li>" for g in gate.greedy_check or [])
     return ("<table><caption class=l>correctness gate: KL(ref&#8214;cand), full vocabulary, float64</caption>"
             + "".join(rows) + "</table>" + (f"<ul>{greedy}</ul>" if greedy else ""))
 
 
-def _speed(r: dict[str, Any]) -> str:
+def _speed(r: Receipt) -> str:
     from .lockfile import Target
     from .stats import block_value
     from .tiers import ESTIMATOR, POOLED_MEDIAN, summarize_speed
 
-    if not r.get("speed"):
+    if not r.speed:
         return ""
     try:
-        target = Target.model_validate(r["lock_target"])
+        target = Target.model_validate(r.lock_target)
         summary = {s.name: s for s in summarize_speed(r, target)}
     except Exception as exc:  # a display must not die on an odd old receipt; say what failed instead
         return f'<p class="bad">speed section could not be summarized: {escape(str(exc))}</p>'
     out = [f"<p class=dim>value = {ESTIMATOR} (the estimator the verdict and the slots use), tok/s recomputed "
            f"from raw ns; {POOLED_MEDIAN} is descriptive only. Ratio: candidate / reference over paired blocks of "
            "this round.</p>"]
-    for m in r["speed"]["metrics"]:
-        name = f"{m['phase']} {m['n_tokens']} tok @ depth {m['depth']}"
+    for m in r.speed.metrics:
+        name = metric_label(m)
         s = summary.get(name)
         rows = [_t("arm", f"value tok/s ({ESTIMATOR})", POOLED_MEDIAN, "CV", "reps",
                    "per-block values, tok/s (median rep of each block, block order)", head=True, left=1)]
-        for arm, a in m["arms"].items():
-            vals = [block_value(b["samples_ns"], b["n_tokens"]) for b in a["blocks"]]
+        for arm, a in m.arms.items():
+            vals = [block_value(b.samples_ns, b.n_tokens) for b in a.blocks]
             st = s.arms.get(arm) if s else None
             rows.append(_t(escape(arm), f"{st.value:.4g}" if st else "-", f"{st.median:.4g}" if st else "-",
                            f"{st.cv:.1%}" if st else "-", st.n if st else "-",
@@ -126,27 +122,27 @@ def _speed(r: dict[str, Any]) -> str:
             c = s.vs_reference
             ratio = (f"<p>candidate / reference (same round, paired blocks): <b>{c.point:.3f}</b> "
                      f"[{c.confidence:.0%} CI {c.low:.3f} &ndash; {c.high:.3f}], {c.n_blocks} blocks</p>")
-        out.append(f"<h4>{escape(name)} <span class=dim>({escape(m['role'])}, slot "
-                   f"<span class=mono>{escape(m.get('slot', ''))}</span>)</span></h4><table>{''.join(rows)}</table>"
+        out.append(f"<h4>{escape(name)} <span class=dim>({escape(m.role)}, slot "
+                   f"<span class=mono>{escape(m.slot)}</span>)</span></h4><table>{''.join(rows)}</table>"
                    + ratio)
     return "".join(out)
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    if r.get("status") == "aborted":
-        ab = r.get("aborted") or {}
-        return (f'<p><span class="label aborted">ABORTED</span> at {escape(str(ab.get("stage")))}: '
-                f'{escape(str(ab.get("reason")))}</p>')
-    v = r.get("verdict") or {}
-    label = str(v.get("label"))
-    reasons = "".join(f"<li>{escape(str(x))}</li>" for x in v.get("reasons", []))
+def _verdict(r: Receipt) -> str:
+    if r.status == "aborted":
+        ab = r.aborted
+        return (f'<p><span class="label aborted">ABORTED</span> at {escape(str(ab.stage if ab else None))}: '
+                f'{escape(str(ab.reason if ab else None))}</p>')
+    v = r.verdict
+    label = str(v.label if v else None)
+    reasons = "".join(f"<li>{escape(str(x))}</li>" for x in (v.reasons if v else []))
     return (f'<p>verdict <span class="label {escape(label)}">{escape(label)}</span> '
-            f'<span class=dim>(basis: {escape(str(v.get("basis")))})</span></p>'
-            f'<p>{escape(str(v.get("explanation", "")))}</p>' + (f"<ul>{reasons}</ul>" if reasons else ""))
+            f'<span class=dim>(basis: {escape(str(v.basis if v else None))})</span></p>'
+            f'<p>{escape(v.explanation if v else "")}</p>' + (f"<ul>{reasons}</ul>" if reasons else ""))
 
 
 def _round(rv: RoundView, drift: list[str]) -> str:
-    r = rv.data
+    r = rv.receipt
     anchor = escape(rv.path.stem)
     if rv.seal != "sealed" or r is None:
         probs = "".join(f"<li class=mono>{escape(p)}</li>" for p in rv.problems)
@@ -154,13 +150,13 @@ def _round(rv: RoundView, drift: list[str]) -> str:
                 f'<span class="label {rv.seal}">{rv.seal}</span></h3><p class="bad">This receipt does not match its '
                 f"seal: it is shown as a claim, not a measurement, and its verdict is not rendered.</p>"
                 f"<ul>{probs}</ul></div>")
-    cand = r.get("candidate") or {}
-    head = (f'<div class="card" id="{anchor}"><h3>{escape(r["round_id"])} <span class="ok">sealed</span></h3>'
-            f'<p>{escape(r["created_at"])} &middot; target <b>{escape(r["target"])}</b> &middot; candidate '
-            f'{escape(str(cand.get("label")))} <span class=mono>{escape(str(cand.get("commit", ""))[:12])}</span>'
-            f'{" (main)" if cand.get("is_main") else ""} &middot; seed {r.get("seed")}</p>')
+    cand = r.candidate
+    head = (f'<div class="card" id="{anchor}"><h3>{escape(r.round_id)} <span class="ok">sealed</span></h3>'
+            f'<p>{escape(r.created_at)} &middot; target <b>{escape(r.target)}</b> &middot; candidate '
+            f'{escape(cand.label)} <span class=mono>{escape(cand.commit[:12])}</span>'
+            f'{" (main)" if cand.is_main else ""} &middot; seed {r.seed}</p>')
     warn = "".join(f'<p class="warn">warning: {escape(w)}</p>' for w in drift)
-    return head + warn + _verdict(r) + _gate(r.get("gate")) + _speed(r) + "</div>"
+    return head + warn + _verdict(r) + _gate(r.gate) + _speed(r) + "</div>"
 
 
 def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None = "reference.lock",
@@ -193,7 +189,7 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
     rows = [_t("receipt", "seal", "target", "status", "verdict", head=True, left=1)]
     for v in views:
         d = v.data or {}
-        verdict = (d.get("verdict") or {}).get("label") if v.seal == "sealed" else "not shown"
+        verdict = (v.receipt.verdict.label if v.receipt.verdict else None) if v.receipt else "not shown"
         cls = "ok" if v.seal == "sealed" else "bad"
         rows.append(_t(f'<a href="#{escape(v.path.stem)}" class=mono>{escape(v.path.name)}</a>',
                        f'<span class="{cls}">{v.seal}</span>', escape(str(d.get("target", ""))),
@@ -232,7 +228,7 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
     # every round
     parts.append(f"<h2>Rounds ({len(views)})</h2>")
     for v in views:
-        drift = reference_drift(v.data, lock) if v.data is not None and v.seal == "sealed" else []
+        drift = reference_drift(v.receipt, lock) if v.receipt is not None else []
         parts.append(_round(v, drift))
     parts.append("</body></html>")
     return Report("\n".join(parts), views, steps, verify_problems)

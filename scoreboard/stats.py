@@ -13,7 +13,7 @@ import inspect
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -131,7 +131,7 @@ _DIGITS = 12
 
 def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Resample means on the same 1e-12 grid: equal multisets in another order tie exactly (BCa's bias term)."""
-    return np.round(np.mean(x, axis=axis), _DIGITS)
+    return cast(np.ndarray, np.round(np.mean(x, axis=axis), _DIGITS))  # a scalar only when `x` is 1-D
 
 
 def _bootstrap_mean(logs: np.ndarray, confidence: float, resamples: int, seed: int) -> tuple[float, float, str]:

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
+from pydantic import BaseModel, ValidationError
 
 from .errors import InputError
 from .gate import bar_reasons
-from .history.receipt import (FORMAT_MAJOR, VERDICT_BASES, VERDICT_LABELS, Verdict, format_major_known,
-                              receipt_target)
+from .history.receipt import Arm as ArmRec
+from .history.receipt import (VERDICT_BASES, VERDICT_LABELS, GateRec, Receipt, SpeedMetric, SpeedRec, Verdict,
+                              receipt_target, refuse_unknown_format, validation_messages)
 from .lockfile import GatePolicy, Lock, Metric, Target, TierPolicy
 from .stats import ArmStats, RatioCI, arm_stats, block_value, ci_vs_constant, geometric_mean, paired_ratio_ci, \
     suggest_blocks
@@ -42,6 +44,7 @@ LABELS = VERDICT_LABELS  # the receipt's list: one set of labels for the verdict
 BUCKETS = ("XS", "S", "M", "L", "XL")
 BASES = VERDICT_BASES
 _EPS = 1e-12  # slack on fractional gains: float rounding only, far below any real threshold
+_Section = TypeVar("_Section", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class Evidence:
         lo, hi = self.ratio.low, self.ratio.high
         return (lo - 1.0, hi - 1.0) if self.higher_is_better else (1.0 - hi, 1.0 - lo)
 
+    @property
+    def n_blocks(self) -> int:
+        """Paired blocks behind the interval (0: a single number, no interval)."""
+        return self.ratio.n_blocks if self.ratio is not None else 0
+
 
 def metric_name(m: Metric) -> str:
     return f"{m.phase} {m.n_tokens} tok @ depth {m.depth}"
@@ -86,14 +94,14 @@ def evidence(metric: Metric, candidate_blocks: Sequence[float], policy: TierPoli
     """Build a metric's evidence from block values (tok/s): paired vs `main_blocks` (the same-round arm
     named by `paired_basis`) if given, else vs the slot."""
     value = geometric_mean(candidate_blocks)
-    kw = dict(confidence=policy.confidence, resamples=policy.bootstrap_resamples, seed=seed)
+    conf, resamples = policy.confidence, policy.bootstrap_resamples
     name = metric_name(metric)
     if main_blocks is not None:
-        ratio = paired_ratio_ci(candidate_blocks, main_blocks, **kw)
+        ratio = paired_ratio_ci(candidate_blocks, main_blocks, confidence=conf, resamples=resamples, seed=seed)
         return Evidence(name, metric.role, metric.higher_is_better, value, paired_basis,
                         geometric_mean(main_blocks), ratio, metric.unit, tuple(notes))
     if frontier_slot > 0:
-        ratio = ci_vs_constant(candidate_blocks, frontier_slot, **kw)
+        ratio = ci_vs_constant(candidate_blocks, frontier_slot, confidence=conf, resamples=resamples, seed=seed)
         return Evidence(name, metric.role, metric.higher_is_better, value, "frontier-slot", float(frontier_slot),
                         ratio, metric.unit, tuple(notes))
     return Evidence(name, metric.role, metric.higher_is_better, value, "none", 0.0, None, metric.unit, tuple(notes))
@@ -116,23 +124,23 @@ def _bucket(gain: float, buckets: Mapping[str, float]) -> str | None:
 
 def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
     """The label the speed alone earns, with its reasons."""
-    if ev.basis == "none" or ev.frontier <= 0:
+    g = ev.gain  # None exactly when the frontier is 0
+    if ev.basis == "none" or g is None:
         return "BASELINE", [f"{ev.name}: no frontier yet (slot is 0): this value becomes the first basis"]
-    g = ev.gain
     ci = ev.gain_ci
     lo, hi = ci if ci is not None else (g, g)
     if ev.ratio is not None and ev.ratio.n_blocks < policy.min_blocks:
         return "inconclusive", [f"{ev.name}: {ev.ratio.n_blocks} paired blocks < min_blocks {policy.min_blocks}: "
                                 f"too few to estimate the noise; rerun with --blocks {policy.min_blocks} or more"]
     if ci is not None and hi - lo > policy.max_ci_width + _EPS:
-        n = ev.ratio.n_blocks
+        n = ev.n_blocks
         total = suggest_blocks(n, hi - lo, policy.max_ci_width)
         return "inconclusive", [f"{ev.name}: CI width {(hi - lo) * 100:.2f} points > max_ci_width "
                                 f"{policy.max_ci_width * 100:.2f}; rerun with about {total} blocks "
                                 f"(add {total - n}) or on a quieter box"]
     if not policy.buckets:
         return "none", ["tier policy has no buckets"]
-    smallest_name = min(policy.buckets, key=policy.buckets.get)
+    smallest_name = min(policy.buckets, key=policy.buckets.__getitem__)
     smallest = policy.buckets[smallest_name]
     if lo <= _EPS:
         what = "the CI lower bound" if ci is not None else "the claimed gain"
@@ -140,7 +148,7 @@ def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
     if g < smallest - _EPS:
         return "none", [f"{ev.name}: gain {_pct(g)} is below the smallest bucket {smallest_name} "
                         f"({smallest * 100:.2f}%)"]
-    b = _bucket(g, policy.buckets)
+    b = _bucket(g, policy.buckets) or smallest_name  # g reached the smallest bucket, so _bucket found one
     return b, [f"{ev.name}: gain {_pct(g)} reaches {b} (>= {policy.buckets[b] * 100:.2f}%)"]
 
 
@@ -150,8 +158,8 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
     notes: list[str] = []
     tol = policy.guard_tolerance
     for g in guards:
-        ci = g.gain_ci
-        if ci is None:
+        ci, gain = g.gain_ci, g.gain
+        if ci is None or gain is None:
             notes.append(f"guard {g.name}: no basis yet, cannot regress")
             continue
         if g.ratio is not None and g.ratio.n_blocks < policy.min_blocks:
@@ -159,10 +167,10 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
             continue
         if ci[1] < -tol - _EPS:
             fails.append(f"guard {g.name} regressed: {g.value:.4g} vs {g.frontier:.4g} {g.unit} ({g.basis}), "
-                         f"gain {_pct(g.gain)} with CI [{_pct(ci[0])}, {_pct(ci[1])}] entirely below "
+                         f"gain {_pct(gain)} with CI [{_pct(ci[0])}, {_pct(ci[1])}] entirely below "
                          f"-{tol * 100:.2f}% (guard_tolerance)")
         else:
-            notes.append(f"guard {g.name}: ok, gain {_pct(g.gain)} CI [{_pct(ci[0])}, {_pct(ci[1])}]")
+            notes.append(f"guard {g.name}: ok, gain {_pct(gain)} CI [{_pct(ci[0])}, {_pct(ci[1])}]")
     return fails, notes
 
 
@@ -223,13 +231,13 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
         body = (f"{head}, and there is no frontier yet" + (
             "." if flagged else ", so it is the BASELINE the next rounds are scored against."))
     else:
-        g, ci = ev.gain, ev.gain_ci
+        g, ci = ev.gain or 0.0, ev.gain_ci  # a basis other than "none" has a frontier > 0, so a gain
         body = (f"{head} against {ev.frontier:.4g} {ev.unit} from {_BASIS_WORDS[ev.basis]}"
                 + (" (same estimator)" if ev.basis == "main-same-round" and not claim else "")
                 + f", a gain of {_pct(g)}")
         if ci is not None:
             body += (f" ({policy.confidence * 100:.0f}% CI {_pct(ci[0])} to {_pct(ci[1])} over "
-                     f"{ev.ratio.n_blocks} blocks)")
+                     f"{ev.n_blocks} blocks)")
         else:
             body += " (a single number, no confidence interval)"
         body += "."
@@ -258,33 +266,72 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
 # ----------------------------------------------------------------------------------------------
 # from a receipt
 
-def _field(d: Mapping[str, Any], key: str, path: str) -> Any:
-    if not isinstance(d, Mapping) or key not in d:
-        raise InputError(f"receipt {path}.{key}: required field is missing" if path else
-                         f"receipt {key}: required field is missing", "the receipt is incomplete; re-run the round")
+@dataclass(frozen=True)
+class Scoring:
+    """The sections of a receipt the verdict is computed from, parsed by their receipt models."""
+
+    gate: GateRec | None
+    speed: SpeedRec | None
+    seed: Any  # an int in every valid receipt; checked when the speed is scored
+    is_main: bool  # the candidate is main: its same-round basis is the frontier arm, and guards only warn
+
+
+def _section(model: type[_Section], data: Any, name: str) -> _Section | None:
+    if data is None:
+        return None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = validation_messages(exc, name)
+        raise InputError(f"receipt {name}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems),
+                         "see docs/receipt-format.md") from None
+
+
+def scoring(receipt: Receipt | Mapping[str, Any]) -> Scoring:
+    """What the verdict reads from `receipt`. A Mapping is a receipt still being assembled (the round
+    scores it before its verdict section exists) or a partial one: only the sections read are parsed,
+    each by its receipt model, so a bad field is named with its path."""
+    if isinstance(receipt, Receipt):
+        if receipt.aborted is not None:
+            _refuse_aborted(receipt.round_id, receipt.aborted.stage, receipt.aborted.reason)
+        return Scoring(receipt.gate, receipt.speed, receipt.seed, receipt.candidate.is_main)
+    rid = receipt.get("round_id", "?")
+    refuse_unknown_format(receipt, f"receipt {rid}")
+    if receipt.get("status") == "aborted":
+        ab = receipt.get("aborted") or {}
+        _refuse_aborted(rid, ab.get("stage", "?"), ab.get("reason", ""))
+    return Scoring(_section(GateRec, receipt.get("gate"), "gate"), _section(SpeedRec, receipt.get("speed"), "speed"),
+                   receipt.get("seed", _MISSING), bool((receipt.get("candidate") or {}).get("is_main", False)))
+
+
+_MISSING = object()
+
+
+def _refuse_aborted(rid: str, stage: str, reason: str) -> None:
+    raise InputError(f"receipt {rid} aborted at stage {stage}: {reason}; an aborted round has no verdict",
+                     "re-run the round")
+
+
+def _depth_field(d: Mapping[str, Any], key: str, depth: Any) -> Any:
+    if key not in d:
+        raise InputError(f"receipt gate.depths[{depth}].{key}: required field is missing",
+                         "the receipt is incomplete; re-run the round")
     return d[key]
 
 
-def check_format(receipt: Mapping[str, Any]) -> None:
-    version = _field(receipt, "format_version", "")
-    if not format_major_known(version):
-        raise InputError(f"receipt format_version {version!r}: unknown major version; this scoreboard reads "
-                         f"{FORMAT_MAJOR}.x", "update your scoreboard checkout (`git pull && pip install -e .`)")
-
-
-def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool, list[str], bool]:
+def gate_check(gate: GateRec | None, policy: GatePolicy) -> tuple[bool, list[str], bool]:
     """(ok, reasons, flagged) re-derived from the gate statistics and the policy's bars, plus recorded `pass`."""
     if gate is None:
         return False, ["gate: no gate statistics (the gate did not run or failed to complete)"], False
     reasons: list[str] = []
-    depths = {d.get("depth"): d for d in _field(gate, "depths", "gate")}
+    depths: dict[Any, dict[str, Any]] = {d.get("depth"): d for d in gate.depths}
     for want in policy.depths:
         if want not in depths:
             reasons.append(f"gate: depth {want} was not graded (a partial suite is never scored)")
     flagged = False
     for depth, d in sorted(depths.items(), key=lambda kv: (kv[0] is None, kv[0])):
         at = f"gate depth {depth}"
-        kl, p99, top1 = (_field(d, k, f"gate.depths[{depth}]") for k in ("kl_mean", "kl_p99", "top1"))
+        kl, p99, top1 = (_depth_field(d, k, depth) for k in ("kl_mean", "kl_p99", "top1"))
         if d.get("rows", 0) < policy.rows_per_depth:
             reasons.append(f"{at}: {d.get('rows', 0)} rows < rows_per_depth {policy.rows_per_depth}")
         reasons += bar_reasons(depth, kl, p99, top1, d.get("ratchet_baseline"), policy)
@@ -292,22 +339,17 @@ def gate_check(gate: Mapping[str, Any] | None, policy: GatePolicy) -> tuple[bool
             # recorded as failed for a reason the bars above don't re-derive: honour it
             reasons.extend(f"{at}: {r}" for r in d.get("reasons", []) or ["recorded as failed"])
         flagged = flagged or kl > policy.kl_prefer
-    if _field(gate, "pass", "gate") is not True and not reasons:
-        reasons.extend(gate.get("reasons", []) or ["gate: recorded as failed"])
+    if gate.pass_ is not True and not reasons:
+        reasons.extend(gate.reasons or ["gate: recorded as failed"])
     return not reasons, list(dict.fromkeys(reasons)), flagged
 
 
-def _blocks(arm: Mapping[str, Any], path: str) -> dict[int, tuple[list, list]]:
-    out: dict[int, tuple[list, list]] = {}
-    for i, b in enumerate(_field(arm, "blocks", path)):
-        idx = b.get("block", i)
-        out[idx] = (list(_field(b, "samples_ns", f"{path}.blocks[{i}]")), list(_field(b, "n_tokens",
-                                                                                     f"{path}.blocks[{i}]")))
-    return out
+def _blocks(arm: ArmRec) -> dict[int, tuple[list[int], list[int]]]:
+    return {b.block: (list(b.samples_ns), list(b.n_tokens)) for b in arm.blocks}
 
 
-def _block_values(arm: Mapping[str, Any], path: str, order: Sequence[int] | None = None) -> list[float]:
-    blocks = _blocks(arm, path)
+def _block_values(arm: ArmRec, path: str, order: Sequence[int] | None = None) -> list[float]:
+    blocks = _blocks(arm)
     keys = sorted(blocks) if order is None else list(order)
     missing = [k for k in keys if k not in blocks]
     if missing or (order is not None and set(blocks) != set(order)):
@@ -319,15 +361,25 @@ def _block_values(arm: Mapping[str, Any], path: str, order: Sequence[int] | None
         raise InputError(f"receipt {path}: {exc}") from None
 
 
-def _find_metric(speed: Mapping[str, Any], m: Metric) -> tuple[int, Mapping[str, Any]]:
-    for i, e in enumerate(_field(speed, "metrics", "speed")):
-        if (e.get("phase"), e.get("depth"), e.get("n_tokens")) == (m.phase, m.depth, m.n_tokens):
+def _find_metric(speed: SpeedRec, m: Metric) -> tuple[int, SpeedMetric]:
+    for i, e in enumerate(speed.metrics):
+        if (e.phase, e.depth, e.n_tokens) == (m.phase, m.depth, m.n_tokens):
             return i, e
     raise InputError(f"receipt speed.metrics: no entry for the {m.role} metric {metric_name(m)}",
                      "the round must measure every metric of the target")
 
 
-def _timed_output_problems(receipt: Mapping[str, Any], entry: Mapping[str, Any], m: Metric) -> list[str]:
+def _wanted_tokens(checked: Mapping[str, Any] | None, greedy: Any, variant: Any) -> Any:
+    """The tokens a timed rep of `variant` must reproduce: its variant's checked outputs, or (receipts
+    before per-variant reveals) the one checked greedy decode."""
+    if checked is None:
+        return greedy
+    outs = checked.get("outputs") or []
+    ok = isinstance(variant, int) and not isinstance(variant, bool) and 0 <= variant < len(outs)
+    return outs[variant] if ok else None
+
+
+def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> list[str]:
     """Timed reps must have produced what the checked (gate) run produced for their variant (MLPerf TEST01);
     another harness-clocked arm's outputs must have passed their check; no rep may beat the physical
     ceiling recorded with the samples. Re-derived from the raw outputs, never from the recorded flags alone."""
@@ -335,91 +387,85 @@ def _timed_output_problems(receipt: Mapping[str, Any], entry: Mapping[str, Any],
 
     problems = []
     name = metric_name(m)
-    if entry.get("timed_output_ok") is False:
+    if entry.timed_output_ok is False:
         problems.append(f"{name}: timed outputs differ from the checked run (timed_output_ok false)")
-    gate = receipt.get("gate") or {}
     key = f"{m.phase}@{m.depth}"
-    checked = (gate.get("checked") or {}).get(key)
-    greedy = (gate.get("greedy") or {}).get(key)  # receipts before per-variant reveals: one checked decode
-    for b in entry["arms"]["candidate"]["blocks"]:
-        variants = b.get("variants")
-        for r, ids in enumerate(b.get("token_ids") or []):
-            if checked is not None:
-                outs = checked.get("outputs") or []
-                v = variants[r] if isinstance(variants, list) and r < len(variants) else None
-                want = outs[v] if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(outs) else None
-            else:
-                want = greedy
+    checked = ((s.gate.checked if s.gate else None) or {}).get(key)
+    greedy = ((s.gate.greedy if s.gate else None) or {}).get(key)
+    for b in entry.arms["candidate"].blocks:
+        for r, ids in enumerate(b.token_ids or []):
+            v = b.variants[r] if b.variants is not None and r < len(b.variants) else None
+            want = _wanted_tokens(checked, greedy, v)
             if (checked is not None or greedy is not None) and (want is None or list(ids) != list(want)):
-                problems.append(f"{name}: block {b.get('block')} rep {r} produced tokens that differ from the checked "
+                problems.append(f"{name}: block {b.block} rep {r} produced tokens that differ from the checked "
                                 "run of its variant")
                 return problems
-    speed = receipt.get("speed") or {}
-    ceiling = speed.get("ceiling")
-    for arm, data in (entry.get("arms") or {}).items():
+    ceiling = s.speed.ceiling if s.speed else None
+    for arm, data in entry.arms.items():
         if arm == "reference":
             continue
-        check = data.get("output_check")
+        check = data.output_check
         if isinstance(check, Mapping) and check.get("ok") is False:
             problems.append(f"{name}: the {arm} arm's timed outputs failed their check: "
                             + "; ".join(map(str, check.get("reasons") or ["recorded as failed"])))
-        samples = [x for b in data.get("blocks", []) for x in b.get("samples_ns", [])]
+        samples = [x for b in data.blocks for x in b.samples_ns]
         why = implausible(ceiling, m.phase, m.n_tokens, samples)
         if why:
             problems.append(f"{name}: {arm} arm: {why}; the metric is not scored")
     return problems
 
 
-def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = None) -> Verdict:
+def verdict_from_receipt(receipt: Receipt | Mapping[str, Any], target: Target | None = None) -> Verdict:
     """Recompute the verdict from a receipt's raw data; never reads its `verdict` section.
 
     `target` None: the policy recorded in the receipt (`lock_target`); pass the current lock's target to
     re-score under today's policy. The bootstrap is seeded with the receipt's `seed`.
     """
-    check_format(receipt)
-    if receipt.get("status") == "aborted":
-        ab = receipt.get("aborted") or {}
-        raise InputError(f"receipt {receipt.get('round_id', '?')} aborted at stage {ab.get('stage', '?')}: "
-                         f"{ab.get('reason', '')}; an aborted round has no verdict", "re-run the round")
-    target = target or receipt_target(receipt)
-    ok, reasons, flagged = gate_check(receipt.get("gate"), target.gate)
+    s = scoring(receipt)
+    return verdict_from_scoring(s, target or receipt_target(receipt))
+
+
+def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
+    """The verdict of a receipt's parsed sections under `target`'s policy."""
+    ok, reasons, flagged = gate_check(s.gate, target.gate)
     if not ok:
         return decide(False, reasons, None, (), target.tiers)
-    speed = receipt.get("speed")
-    if speed is None:
+    if s.speed is None:
         raise InputError("receipt speed: null although the gate passed", "re-run the round")
-    seed = _field(receipt, "seed", "")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise InputError(f"receipt seed: must be an integer, got {seed!r}")
-    is_main = bool((receipt.get("candidate") or {}).get("is_main", False))
+    if s.seed is _MISSING:
+        raise InputError("receipt seed: required field is missing", "the receipt is incomplete; re-run the round")
+    if not isinstance(s.seed, int) or isinstance(s.seed, bool):
+        raise InputError(f"receipt seed: must be an integer, got {s.seed!r}")
     notes = [f"gate passed but flagged: KL mean above kl_prefer {target.gate.kl_prefer:g}"] if flagged else []
     correctness: list[str] = []
     flags: list[str] = []
     evs: dict[str, list[Evidence]] = {"scored": [], "guard": []}
     for m in target.metrics:
-        i, entry = _find_metric(speed, m)
+        i, entry = _find_metric(s.speed, m)
         path = f"speed.metrics[{i}]"
-        arms = _field(entry, "arms", path)
-        cand_arm = _field(arms, "candidate", f"{path}.arms")
+        cand_arm = entry.arms["candidate"]
         cand = _block_values(cand_arm, f"{path}.arms.candidate")
-        order = sorted(_blocks(cand_arm, f"{path}.arms.candidate"))
-        correctness += _timed_output_problems(receipt, entry, m)
-        zero = zero_variance(arms, path, metric_name(m))
+        order = sorted(_blocks(cand_arm))
+        correctness += _timed_output_problems(s, entry, m)
+        zero = zero_variance(entry.arms, metric_name(m))
         # the same-round basis: a PR's main, a main round's re-measured frontier commit
-        paired = "main" if not is_main else "frontier"
+        paired = "main" if not s.is_main else "frontier"
         main_blocks, ev_notes = None, []
-        if arms.get(paired):
-            main_blocks = _block_values(arms[paired], f"{path}.arms.{paired}", order)
+        slot = 0.0
+        if entry.arms.get(paired):
+            main_blocks = _block_values(entry.arms[paired], f"{path}.arms.{paired}", order)
         else:
-            if not is_main:
+            if not s.is_main:
                 ev_notes.append(f"{metric_name(m)}: main was not measured in this round; scored against the pinned "
                                 "slot, which may be stale")
-            slot = _field(entry, "frontier", path)
-            if not isinstance(slot, (int, float)) or isinstance(slot, bool) or slot < 0:
-                raise InputError(f"receipt {path}.frontier: must be a number >= 0 tok/s, got {slot!r}")
+            if entry.frontier is None:
+                raise InputError(f"receipt {path}.frontier: required field is missing",
+                                 "the receipt is incomplete; re-run the round")
+            if entry.frontier < 0:
+                raise InputError(f"receipt {path}.frontier: must be a number >= 0 tok/s, got {entry.frontier!r}")
+            slot = float(entry.frontier)
         try:
-            ev = evidence(m, cand, target.tiers, seed, main_blocks,
-                          float(entry["frontier"]) if main_blocks is None else 0.0, ev_notes,
+            ev = evidence(m, cand, target.tiers, s.seed, main_blocks, slot, ev_notes,
                           paired_basis=f"{paired}-same-round")
         except ValueError as exc:
             raise InputError(f"receipt {path}: {exc}") from None
@@ -430,17 +476,17 @@ def verdict_from_receipt(receipt: Mapping[str, Any], target: Target | None = Non
     if correctness:
         return decide(False, correctness, None, (), target.tiers)
     return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes,
-                  guards_convict=not is_main, flags=flags)
+                  guards_convict=not s.is_main, flags=flags)
 
 
-def zero_variance(arms: Mapping[str, Any], path: str, name: str) -> list[str]:
+def zero_variance(arms: Mapping[str, ArmRec], name: str) -> list[str]:
     """Why a metric's samples are no measurement, per arm: every timed rep of the arm the same number of
     nanoseconds (>= 2 reps), all reps of one block identical (>= 2 reps in it), or every block value
     identical (>= 2 blocks: a zero-width CI). A real clock around real work never repeats to the
     nanosecond; a fixed, self-reported or replayed time does."""
     out = []
     for arm in sorted(arms):
-        blocks = _blocks(arms[arm], f"{path}.arms.{arm}")
+        blocks = _blocks(arms[arm])
         reps = [ns for ns_list, _ in blocks.values() for ns in ns_list]
         same_block = [k for k, (ns_list, _) in sorted(blocks.items()) if len(ns_list) >= 2 and len(set(ns_list)) == 1]
         try:
@@ -495,18 +541,21 @@ class MetricSummary:
     vs_reference: RatioCI | None  # candidate/reference over paired blocks
 
 
-def summarize_speed(receipt: Mapping[str, Any], target: Target) -> list[MetricSummary]:
-    """Per metric: each arm's median/MAD/CV/n and the candidate/reference ratio with its CI."""
-    speed = receipt.get("speed")
+def summarize_speed(receipt: Receipt | Mapping[str, Any], target: Target) -> list[MetricSummary]:
+    """Per metric: each arm's median/MAD/CV/n and the candidate/reference ratio with its CI. A Mapping
+    (a partial receipt) has its ``speed`` section parsed first."""
+    if isinstance(receipt, Receipt):
+        speed, seed = receipt.speed, receipt.seed
+    else:
+        speed, seed = _section(SpeedRec, receipt.get("speed") or None, "speed"), int(receipt.get("seed", 0))
     if not speed:
         return []
-    seed = int(receipt.get("seed", 0))
     out = []
     for m in target.metrics:
         i, entry = _find_metric(speed, m)
         arms: dict[str, ArmStats] = {}
-        for arm, data in sorted(_field(entry, "arms", f"speed.metrics[{i}]").items()):
-            blocks = _blocks(data, f"speed.metrics[{i}].arms.{arm}")
+        for arm, data in sorted(entry.arms.items()):
+            blocks = _blocks(data)
             try:
                 arms[arm] = arm_stats([blocks[k] for k in sorted(blocks)])
             except ValueError as exc:

@@ -24,7 +24,7 @@ from scoreboard.calibrate import (
 )
 from scoreboard.errors import InputError, NonCompliant
 from scoreboard.lockfile import load_lock
-from scoreboard.history.receipt import utc_now
+from scoreboard.history.receipt import parse_receipt, utc_now
 from scoreboard.history.records import record_round
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.history.verify import verify
@@ -182,9 +182,9 @@ def test_verify_finds_a_deleted_chain_line_and_a_receipt_naming_an_unknown_calib
 
 def test_a_round_without_calibration_says_so_and_moves_no_frontier():
     r = make_receipt(candidate_tps=50.0, round_hex="0000000a", created_at="2026-11-29T10:00:00Z")
-    assert frontier.ineligible(r) is None
+    assert frontier.ineligible(parse_receipt(r)) is None
     r["calibration"] = {"status": "skipped", "reason": "test"}
-    assert "without a calibration" in frontier.ineligible(r)
+    assert "without a calibration" in frontier.ineligible(parse_receipt(r))
 
 
 def test_round_options_skip_is_recorded_in_the_receipt(lock, tmp_path):

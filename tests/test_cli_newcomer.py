@@ -138,9 +138,10 @@ def test_bad_values_exit_1_naming_the_option(monkeypatch, capsys, args, match, t
 
 def test_reference_drift_warns_beyond_the_policy_tolerance():
     from scoreboard.drift import reference_drift
+    from scoreboard.history.receipt import parse_receipt
 
-    near = make_receipt(reference_tps=35.0)  # 12.5% below a 40 tok/s baseline: within 25%
-    far = make_receipt(reference_tps=28.0)  # 30% below: the box is not what it was
+    near = parse_receipt(make_receipt(reference_tps=35.0))  # 12.5% below a 40 tok/s baseline: within 25%
+    far = parse_receipt(make_receipt(reference_tps=28.0))  # 30% below: the box is not what it was
     assert reference_drift(near, None, {REF_SCORED_SLOT: 40.0}) == []
     (w,) = reference_drift(far, None, {REF_SCORED_SLOT: 40.0})
     assert "0.70x its baseline slot" in w and "reference_drift_max 25%" in w and "box is not what it was" in w

@@ -15,6 +15,7 @@ from scoreboard.history import frontier
 from scoreboard.history import ledger
 from scoreboard.errors import InputError, NonCompliant
 from scoreboard.lockfile import load_lock
+from scoreboard.history.receipt import parse_receipt
 from scoreboard.history.records import record_round, resume_round, write_receipt
 from scoreboard.history.verify import verify
 
@@ -196,7 +197,8 @@ def test_a_main_round_measured_by_an_edited_harness_moves_nothing(env):
     edited["environment"]["harness"] = {"commit": MAIN_COMMIT, "dirty": True}
     rec = record_round(edited, rounds, lock)
     assert rec.changes == [] and slots(lock) == before
-    assert frontier.ineligible(rec.receipt) == "the harness (scoreboard/) that measured had uncommitted changes"
+    assert frontier.ineligible(parse_receipt(rec.receipt)) == \
+        "the harness (scoreboard/) that measured had uncommitted changes"
     clean = make_receipt(candidate_tps=70.0, **rid_kwargs())
     clean["environment"]["harness"] = {"commit": MAIN_COMMIT, "dirty": False}
     assert record_round(clean, rounds, lock).changes != []

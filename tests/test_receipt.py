@@ -15,7 +15,8 @@ from receipt_factory import TARGET, make_receipt
 from scoreboard.errors import InputError
 from scoreboard.history.ledger import LedgerEntry, chain_problems
 from scoreboard.history.receipt import (
-    FORMAT_VERSION, add_provenance, arm_value, new_round_id, normalize, parse_receipt, validation_problems,
+    FORMAT_VERSION, SpeedMetric, add_provenance, arm_value, new_round_id, normalize, parse_receipt,
+    validation_problems,
 )
 from scoreboard.history.records import file_bytes
 from scoreboard.history.seal import canonical_bytes, changed_fields, check_seal, seal_sha256, sha256_hex
@@ -71,8 +72,8 @@ def test_unknown_major_version_is_refused_minor_is_read():
     r = make_receipt()
     assert validation_problems({**r, "format_version": "1.7"}) == []
     assert validation_problems({**r, "format_version": "2.0"}) == [
-        "format_version: unknown major format_version '2.0'; this scoreboard reads 1.x (upgrade scoreboard to read it)"]
-    with pytest.raises(InputError, match="unknown major format_version '2.0'"):
+        "format_version: '2.0' has unknown major version 2; this scoreboard reads receipt format 1.x"]
+    with pytest.raises(InputError, match="'2.0' has unknown major version 2"):
         parse_receipt({**r, "format_version": "2.0"})
 
 
@@ -118,11 +119,14 @@ def test_provenance_is_refused_on_a_sealed_receipt():
 
 
 def test_arm_value_is_the_geomean_of_block_medians_from_raw_ns():
-    metric = {"arms": {"candidate": {"blocks": [
+    blocks = [
         {"samples_ns": [1_000_000_000, 2_000_000_000, 500_000_000], "n_tokens": [10, 10, 10]},  # 10, 5, 20 -> 10
         {"samples_ns": [1_000_000_000], "n_tokens": [30]},  # 30
         {"samples_ns": [1_000_000_000, 1_000_000_000], "n_tokens": [11, 13]},  # median 12
-    ]}}}
+    ]
+    arm = {"blocks": [{**b, "block": i, "wall_ns": 1, "command": ["x"]} for i, b in enumerate(blocks)]}
+    metric = SpeedMetric.model_validate({"phase": "decode", "depth": 0, "n_tokens": 10, "role": "scored", "slot": "S",
+                                         "timed_output_ok": True, "arms": {"candidate": arm, "reference": arm}})
     assert arm_value(metric, "candidate") == pytest.approx((10 * 30 * 12) ** (1 / 3), rel=1e-12)
 
 

@@ -203,4 +203,4 @@ def test_bad_options_and_files_are_errors_with_nothing_written(lock, tmp_path):
     bad.write_text('{"format_version": "9.0"}')
     out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(bad)],
                          capture_output=True, text=True)
-    assert out.returncode == 1 and "unknown major format_version" in out.stderr
+    assert out.returncode == 1 and "format_version '9.0' has unknown major version 9" in out.stderr

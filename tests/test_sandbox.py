@@ -327,12 +327,15 @@ def test_a_round_without_bwrap_is_refused_at_preflight(tmp_path, monkeypatch):
 def test_an_opted_out_receipt_moves_no_frontier():
     from receipt_factory import make_receipt
 
+    from scoreboard.history.receipt import parse_receipt
+
     rec = make_receipt(is_main=True, label="BASELINE")
-    assert ineligible(rec) is None  # a receipt from before the sandbox (no isolation record) stays eligible
+    # a receipt from before the sandbox (no isolation record) stays eligible
+    assert ineligible(parse_receipt(rec)) is None
     rec["environment"]["isolation"] = {"tool": "bwrap"}
-    assert ineligible(rec) is None
+    assert ineligible(parse_receipt(rec)) is None
     rec["environment"]["isolation"] = {"tool": "none"}
-    assert "isolation: none" in ineligible(rec)
+    assert "isolation: none" in ineligible(parse_receipt(rec))
 
 
 @pytest.mark.slow

@@ -266,11 +266,13 @@ def test_gate_flag_is_noted():
 @pytest.mark.parametrize("mutate,match", [
     (lambda r: r.update(format_version="2.0"), "unknown major version"),
     (lambda r: r.update(status="aborted", aborted={"stage": "preflight", "reason": "oom"}), "aborted at stage"),
-    (lambda r: r["speed"]["metrics"].pop(0), "no entry for the scored metric"),
+    (lambda r: r["speed"]["metrics"].pop(0), "speed: exactly one metric must have role 'scored', found 0"),
+    (lambda r: r["speed"]["metrics"].pop(1), "no entry for the guard metric"),
     (lambda r: r.pop("seed"), "receipt seed: required field is missing"),
     (lambda r: r["speed"]["metrics"][0]["arms"]["main"]["blocks"].pop(), "are not paired"),
     (lambda r: r["speed"]["metrics"][0]["arms"]["candidate"]["blocks"][0]["n_tokens"].pop(),
-     r"speed.metrics\[0\].arms.candidate: samples_ns has 3 reps but n_tokens has 2"),
+     r"speed.metrics.0.arms.candidate.blocks.0: samples_ns \(3\) and n_tokens \(2\) must be non-empty and of equal"),
+    (lambda r: r["gate"].update({"pass": "maybe"}), "gate.pass: Input should be a valid boolean"),
     (lambda r: r["lock_target"]["tiers"].pop("max_ci_width"), "lock_target.tiers.max_ci_width"),
     (lambda r: r.update(speed=None), "speed: null although the gate passed"),
 ])
@@ -369,16 +371,27 @@ def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+# the envelope sections a golden incident leaves out (the verdict never reads them)
+_ENVELOPE = {"weights": {"id": "w", "files": [], "fully_pinned": True}, "environment": {}, "geometry": None}
+
+
 def _sealed(r: dict) -> dict:
-    """`tier --receipt` scores only sealed receipts: seal the golden case as a round would."""
+    """`tier --receipt` scores only sealed, valid receipts: complete the golden case's envelope and seal it
+    as a round would."""
     from scoreboard.history.seal import make_seal
 
+    r = {**_ENVELOPE, **r}
     return {**r, "seal": make_seal(r, "")}
 
 
 def _write(tmp_path: Path, name: str, i: int = 0) -> Path:
+    """The golden case sealed with the verdict its round recorded (the case's expected one): a receipt of
+    status "verdict" carries its verdict section."""
+    r = _case(name, i)
+    if r.get("verdict") is None:
+        r["verdict"] = _golden(name)["cases"][i]["verdict"]
     p = tmp_path / f"{name}-{i}.json"
-    p.write_text(json.dumps(_sealed(_case(name, i))), encoding="utf-8")
+    p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
     return p
 
 
@@ -395,12 +408,12 @@ def test_cli_receipt_json_and_current_lock(tmp_path, monkeypatch, capsys, lock_p
     assert code == 0
     data = json.loads(out)
     assert data["verdict"]["label"] == "M" and data["policy"] == "lock"
-    assert data["recorded_label"] is None and data["matches_recorded"] is None
+    assert data["recorded_label"] == "M" and data["matches_recorded"] is True
 
 
 def test_cli_reports_a_recorded_verdict_that_the_data_does_not_support(tmp_path, monkeypatch, capsys):
     r = _case("hand_seeded_frontier", 0)
-    r["verdict"] = {"label": "XL"}  # sealed so (an older policy): scored, with the disagreement noted
+    r["verdict"] = {"label": "XL", "reasons": []}  # sealed so (an older policy): scored, with the disagreement noted
     p = tmp_path / "r.json"
     p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p))

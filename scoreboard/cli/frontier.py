@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -25,7 +25,7 @@ def show(lock: str = _LOCK, json_out: bool = typer.Option(False, "--json", help=
     """Every slot in the lock with its provenance (0 = not measured)."""
     lk = load_lock(lock)
     expected = lk.expected_slots()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in sorted(set(expected) | set(lk.slots)):
         s = lk.slots.get(name)
         tid = expected[name][0] if name in expected else ""

@@ -132,6 +132,7 @@ def run_cmd(
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
                         renew_reference_anchor=renew_reference_anchor, reference_source=reference_source)
     from ..drift import reference_drift
+    from ..history.receipt import parse_receipt
     from ..lockfile import load_lock
     from ..round.run import UnsealedReceipt
 
@@ -150,13 +151,14 @@ def run_cmd(
         raise typer.Exit(130) from None
     finally:
         reporter.close()  # a live progress bar must not swallow the interrupt/error message
-    drift = reference_drift(outcome.receipt, None, before)
+    parsed = parse_receipt(outcome.receipt)
+    drift = reference_drift(parsed, None, before)
     if json_out:
         print_json(outcome.receipt)
         for w in drift:
             err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
     else:
-        render(outcome.receipt, drift)
+        render(parsed, drift)
         if outcome.path:
             console.print(f"receipt: {outcome.path}")
         elif seal and outcome.receipt["status"] == "verdict":
@@ -184,19 +186,16 @@ def show_cmd(
             raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else
                              f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
         path = matches[0]
-    from ..history.receipt import parse_receipt
-    from .sealed import load_sealed_receipt
+    from ..history.sealed import read_sealed
 
-    data = load_sealed_receipt(path)  # the seal before anything is rendered: exit 2 when edited/unsealed
-    parsed = parse_receipt(data, str(path))
-    receipt = parsed.model_dump(mode="json", by_alias=True)
+    parsed = read_sealed(path).receipt  # the seal before anything is rendered: exit 2 when edited/unsealed
     if json_out:
-        print_json(receipt)
+        print_json(parsed.model_dump(mode="json", by_alias=True))
         return
-    render(parsed, _drift_vs_lock(receipt, lock))
+    render(parsed, _drift_vs_lock(parsed, lock))
 
 
-def _drift_vs_lock(receipt: dict[str, Any], lock: Path) -> list[str]:
+def _drift_vs_lock(receipt: Receipt, lock: Path) -> list[str]:
     """The reference arm against the lock's baseline slots (when the lock is there and loads)."""
     from ..drift import reference_drift
     from ..errors import ScoreboardError
@@ -241,11 +240,11 @@ def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) ->
                       f"{d['kl_max']:.3g}", f"{d['top1']:.4f}", "-" if base is None else f"{base:.3g}",
                       "[green]yes[/]" if d["pass"] else "[red]no[/]")
         console.print(t)
-        for g in (gate.model_extra or {}).get("greedy_check", []):
+        for g in gate.greedy_check or []:
             console.print(f"checked decode {g['metric']}: greedy tokens match the reference's argmax on "
                           f"{g['top1_vs_reference']:.3f} of positions")
     if r.speed:
-        _speed_table(r.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        _speed_table(r)
         for w in drift or []:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
     _memory(r.environment)
@@ -272,14 +271,12 @@ def _memory(env: EnvironmentRec) -> None:
                       f"{host} GiB{dev}", highlight=False)
 
 
-def _speed_table(r: dict[str, Any]) -> None:
-    from ..lockfile import Target
-    from ..tiers import summarize_speed
+def _speed_table(r: Receipt) -> None:
+    from ..tiers import ESTIMATOR, POOLED_MEDIAN, receipt_target, summarize_speed
 
-    target = Target.model_validate(r["lock_target"])
-    from ..tiers import ESTIMATOR, POOLED_MEDIAN
-
-    t = Table(title=f"speed ({r['speed'].get('blocks', '?')} interleaved blocks, tok/s from raw ns; value = "
+    target = receipt_target(r)
+    blocks = r.speed.blocks if r.speed and r.speed.blocks is not None else "?"
+    t = Table(title=f"speed ({blocks} interleaved blocks, tok/s from raw ns; value = "
                     f"{ESTIMATOR}, the verdict's estimator)")
     for col in ("metric", "role", "arm", f"value ({ESTIMATOR})", POOLED_MEDIAN, "MAD", "CV", "reps",
                 "candidate/reference, same round [95% CI]"):

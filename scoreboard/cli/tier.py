@@ -9,21 +9,12 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from ..lockfile import DEFAULT_LOCK, load_lock
+from ..history.receipt import Receipt
+from ..lockfile import DEFAULT_LOCK, Target, load_lock
 from ..tiers import ESTIMATOR, POOLED_MEDIAN, Verdict, receipt_target, score_claim, summarize_speed, verdict_from_receipt
 from .console import console, print_json
 
 _STYLE = {"REJECT": "bold red", "inconclusive": "yellow", "none": "white", "BASELINE": "cyan"}
-
-
-def _read_receipt(path: Path) -> dict:
-    from ..tiers import check_format
-    from .sealed import read_json_receipt, require_sealed
-
-    data = read_json_receipt(path)
-    check_format(data)  # an unknown major is not ours to judge (exit 1) ...
-    require_sealed(data, path)  # ... an edited or unsealed one is never scored as if measured (exit 2)
-    return data
 
 
 def _show(v: Verdict) -> None:
@@ -35,7 +26,7 @@ def _show(v: Verdict) -> None:
         console.print(f"  - {r}", highlight=False)
 
 
-def _speed_table(receipt: dict, target) -> None:
+def _speed_table(receipt: Receipt, target: Target) -> None:
     for s in summarize_speed(receipt, target):
         table = Table(title=f"{s.name} ({s.role})", title_justify="left")
         for col in ("arm", f"value tok/s ({ESTIMATOR})", POOLED_MEDIAN, "MAD", "CV", "reps"):
@@ -60,32 +51,31 @@ def command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT."""
+    from ..history.sealed import read_sealed
+
     if (receipt is None) == (claim is None):
         raise InputError("pass exactly one of --receipt FILE or --claim VALUE",
                          "scoreboard tier --receipt rounds/<id>.json  |  scoreboard tier --claim 12.3 --target T")
+    out: dict[str, object]
     if claim is not None:
         if not target:
             raise InputError("--claim needs --target", "scoreboard tier --claim VALUE --target <target id>")
         verdict = score_claim(claim, load_lock(lock or DEFAULT_LOCK), target, metric)
         out = {"verdict": verdict.as_dict(), "policy": "lock"}
-    else:
-        data = _read_receipt(receipt)
-        if lock is not None:
-            tid = data.get("target")
-            if not isinstance(tid, str):
-                raise InputError(f"{receipt}: field `target` is missing", "the receipt is incomplete")
-            tgt = load_lock(lock).target(tid)
-        else:
-            tgt = receipt_target(data)
-        verdict = verdict_from_receipt(data, tgt)
-        recorded = (data.get("verdict") or {}).get("label")
+    elif receipt is not None:
+        # an unknown major is not ours to judge (exit 1); an edited or unsealed receipt is never scored as
+        # if measured (exit 2)
+        r = read_sealed(receipt).receipt
+        tgt = load_lock(lock).target(r.target) if lock is not None else receipt_target(r)
+        verdict = verdict_from_receipt(r, tgt)
+        recorded = r.verdict.label if r.verdict else None
         out = {"verdict": verdict.as_dict(), "policy": "lock" if lock else "receipt",
                "recorded_label": recorded, "matches_recorded": None if recorded is None else recorded == verdict.label}
     if json_out:
         print_json(out)
     else:
         if receipt is not None:
-            _speed_table(data, tgt)
+            _speed_table(r, tgt)
         _show(verdict)
         if receipt is not None and out["matches_recorded"] is False:
             console.print(f"[yellow]note:[/] the receipt records {out['recorded_label']!r}; recomputed "

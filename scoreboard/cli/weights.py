@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -30,7 +31,7 @@ def generate(
     s = get_spec(spec)
     paths = gen(s, out, seed)
     hashes = hash_files(paths)
-    rows = [{"path": p.name, "size": p.stat().st_size, "sha256": hashes[p]} for p in paths]
+    rows: list[dict[str, Any]] = [{"path": p.name, "size": p.stat().st_size, "sha256": hashes[p]} for p in paths]
     if json_out:
         print_json({"spec": s.name, "seed": s.default_seed if seed is None else seed, "quant": s.weight_type.upper(),
                     "dir": str(out), "files": rows})

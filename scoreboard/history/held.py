@@ -29,7 +29,7 @@ from . import ledger
 from ..errors import InputError, NonCompliant
 from .ledger import LedgerEntry
 from ..lockfile import Lock
-from .receipt import validation_problems
+from .receipt import Receipt, parse_receipt, validation_problems
 from .seal import check_seal, check_signature, sha256_hex
 
 _VERIFY = "run `scoreboard verify --lock {lock} --rounds {rounds}` to see the damage"
@@ -48,6 +48,10 @@ class HeldReceipt:
     def data(self) -> dict[str, Any]:
         """A fresh parse of the held bytes: a caller can never mutate what later callers see."""
         return json.loads(self.raw)
+
+    def receipt(self) -> Receipt:
+        """The held bytes as the typed model (validated when they were held)."""
+        return parse_receipt(self.data(), str(self.path))
 
 
 @dataclass(frozen=True)
@@ -193,11 +197,13 @@ def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, 
     seal = check_seal(data) + check_signature(data)
     if seal:
         raise _fail(f"{path}: seal does not verify ({'; '.join(f'{f}: {m}' for f, m in seal[:3])})", resume)
-    checks = [(data["round_id"] != e.round_id, f"round_id is {data['round_id']!r}, the line says {e.round_id!r}"),
-              (data["seal"]["sha256"] != e.seal_sha256, "seal.sha256 differs from the line's seal_sha256"),
-              (data["seal"]["prev_ledger_sha256"] != e.prev_sha256,
+    r = Receipt.model_validate(data)
+    seal_sha, prev = (r.seal.sha256, r.seal.prev_ledger_sha256) if r.seal else ("", "")  # check_seal: present
+    checks = [(r.round_id != e.round_id, f"round_id is {r.round_id!r}, the line says {e.round_id!r}"),
+              (seal_sha != e.seal_sha256, "seal.sha256 differs from the line's seal_sha256"),
+              (prev != e.prev_sha256,
                "sealed after a different ledger line than the one it follows (reordered)"),
-              (data["target"] != e.target, f"target is {data['target']!r}, the line says {e.target!r}")]
+              (r.target != e.target, f"target is {r.target!r}, the line says {e.target!r}")]
     for bad_, why in checks:
         if bad_:
             raise _fail(f"{path}: {why} ({where})", verify_hint)
@@ -209,13 +215,10 @@ def _ratchet(entries: list[LedgerEntry], held: Mapping[str, HeldReceipt], target
     for e in reversed(entries):
         if e.kind != "round" or e.target != target_id or not e.is_main or e.status != "verdict":
             continue
-        rec = held[e.round_id].data()
-        if not (rec.get("candidate") or {}).get("is_main"):
+        rec = held[e.round_id].receipt()
+        if not rec.candidate.is_main or rec.gate is None or not rec.gate.pass_:
             continue
-        gate = rec.get("gate") or {}
-        if not gate.get("pass"):
-            continue
-        return RatchetBasis(e.round_id, tuple((int(d["depth"]), float(d["kl_mean"])) for d in gate.get("depths", [])))
+        return RatchetBasis(e.round_id, tuple((int(d["depth"]), float(d["kl_mean"])) for d in rec.gate.depths))
     return None
 
 
@@ -241,12 +244,12 @@ def _frontier(lock: Lock, target: Any, entries: list[LedgerEntry], held: Mapping
         e, c = hit
         resume = (f"an interrupted round: `scoreboard frontier resume --receipt {rounds / (e.round_id + '.json')} "
                   f"--lock {lock_path} --rounds {rounds}`; otherwise a hand edit: " + verify_hint)
-        if value != c.after or (value and (s.round != e.round_id or s.commit != c.commit)):
+        if value != c.after or (s is not None and value and (s.round != e.round_id or s.commit != c.commit)):
             raise _fail(f"{f} = {value} (round {s.round if s else ''!r}) but the ledger's last change of it "
                         f"(round {e.round_id}) set {c.after}", resume)
-        if not value:
+        if not value or s is None:
             continue
-        rec = held[e.round_id].data()
+        rec = held[e.round_id].receipt()
         try:
             got = {(x.slot, x.kind): x for x in measured_slots(rec)}.get((name, "frontier"))
         except InputError as exc:

@@ -19,11 +19,15 @@ import os
 import re
 import secrets
 from datetime import datetime, timezone
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, field_validator,
+                      model_serializer, model_validator)
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..lockfile import Target
 
 FORMAT_VERSION = "1.1"
 FORMAT_MAJOR = 1
@@ -44,6 +48,17 @@ class _Open(BaseModel):
     """A section other components may extend with keys of their own (kept on round-trip)."""
 
     model_config = ConfigDict(extra="allow")
+    # open keys given a typed field after receipts already carried them (or lacked them): a dump writes
+    # them only when the receipt has them, so every dump of a receipt keeps the keys it had
+    _OPTIONAL_KEYS: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        out = handler(self)
+        if self._OPTIONAL_KEYS and isinstance(out, dict):
+            for k in self._OPTIONAL_KEYS - self.model_fields_set:
+                out.pop(k, None)
+        return out
 
 
 class Side(_Closed):
@@ -116,6 +131,11 @@ class GateRec(_Open):
     pass_: bool = Field(alias="pass")
     flagged: bool = False
     reasons: list[str]
+    # what the timed reps must reproduce, per "<phase>@<depth>": {"outputs": [token ids per variant]}
+    checked: dict[str, Any] | None = None
+    greedy: dict[str, Any] | None = None  # receipts before per-variant reveals: one checked decode per key
+    greedy_check: list[dict[str, Any]] | None = None  # per checked decode {metric, top1_vs_reference, ...}
+    _OPTIONAL_KEYS = frozenset({"checked", "greedy", "greedy_check"})
 
 
 class Block(_Open):
@@ -125,6 +145,8 @@ class Block(_Open):
     wall_ns: int = Field(ge=0)
     command: list[str]
     token_ids: list[list[int]] | None = None  # candidate/main only: tokens generated per rep
+    variants: list[Any] | None = None  # per rep: the index of the prompt variant it ran
+    _OPTIONAL_KEYS = frozenset({"variants"})
 
     @model_validator(mode="after")
     def _samples(self) -> "Block":
@@ -138,6 +160,8 @@ class Block(_Open):
 
 class Arm(_Open):
     blocks: list[Block] = Field(min_length=1)
+    output_check: dict[str, Any] | None = None  # a same-round arm's timed outputs checked {ok, reasons}
+    _OPTIONAL_KEYS = frozenset({"output_check"})
 
 
 class SpeedMetric(_Open):
@@ -148,6 +172,8 @@ class SpeedMetric(_Open):
     slot: str  # the candidate's slot, from Target.slot (cross-checked when the frontier is written)
     arms: dict[str, Arm]
     timed_output_ok: bool
+    frontier: float | int | None = None  # tok/s: the candidate slot as read at round start (int kept as written)
+    _OPTIONAL_KEYS = frozenset({"frontier"})
 
     @field_validator("arms")
     @classmethod
@@ -164,6 +190,9 @@ class SpeedMetric(_Open):
 class SpeedRec(_Open):
     schedule: list[list[str]]  # per block, the arm order actually run
     metrics: list[SpeedMetric] = Field(min_length=1)
+    ceiling: dict[str, Any] | None = None  # the physical ceiling the samples are checked against
+    blocks: int | None = None  # interleaved blocks run
+    _OPTIONAL_KEYS = frozenset({"ceiling", "blocks"})
 
     @model_validator(mode="after")
     def _one_scored(self) -> "SpeedRec":
@@ -302,7 +331,7 @@ class Receipt(_Closed):
             raise ValueError(f"round_id names target {m.group(2)!r} but target is {self.target!r}")
         if self.status == "verdict":
             missing = [k for k in ("verdict", "gate", "lock_target", "weights") if getattr(self, k) is None]
-            if missing or self.aborted is not None:
+            if missing or self.aborted is not None or self.gate is None or self.verdict is None:
                 raise ValueError(f"status 'verdict' needs {missing or 'verdict'} set and aborted null")
             if not self.gate.pass_ and self.verdict.label != "REJECT":
                 raise ValueError(f"gate.pass is false but verdict.label is {self.verdict.label!r} (must be REJECT)")
@@ -310,10 +339,10 @@ class Receipt(_Closed):
             raise ValueError("status 'aborted' needs aborted {stage, reason, transient} and verdict null")
         if self.candidate.is_main and self.main is not None:
             raise ValueError("main must be null when the candidate is main")
-        for i, m in enumerate(self.speed.metrics if self.speed else []):
-            if "main" in m.arms and self.candidate.is_main:
+        for i, metric in enumerate(self.speed.metrics if self.speed else []):
+            if "main" in metric.arms and self.candidate.is_main:
                 raise ValueError(f"speed.metrics[{i}].arms: a main round has no 'main' arm (its basis is 'frontier')")
-            if "frontier" in m.arms and not self.candidate.is_main:
+            if "frontier" in metric.arms and not self.candidate.is_main:
                 raise ValueError(f"speed.metrics[{i}].arms: a PR round has no 'frontier' arm (its basis is 'main')")
         hits = _verdict_keys_in(self.provenance, "provenance")
         if hits:
@@ -324,46 +353,71 @@ class Receipt(_Closed):
 # ----------------------------------------------------------------------------------------------
 # helpers
 
-def check_format_version(v: Any) -> None:
+UPGRADE_HINT = "upgrade scoreboard (`git pull && pip install -e .`), then run the command again"
+
+
+def format_version_problem(v: Any) -> str | None:
+    """What is wrong with a receipt's ``format_version`` `v`, worded to follow "format_version: " (None: this
+    scoreboard reads it). The one wording of the unknown-major refusal, wherever a receipt is read."""
     m = re.fullmatch(r"(\d+)\.(\d+)", v) if isinstance(v, str) else None
     if not m:
-        raise ValueError(f"format_version must be 'major.minor' like {FORMAT_VERSION!r}, got {v!r}")
+        return f"must be 'major.minor' like {FORMAT_VERSION!r}, got {v!r}"
     if int(m.group(1)) != FORMAT_MAJOR:
-        raise ValueError(f"unknown major format_version {v!r}; this scoreboard reads {FORMAT_MAJOR}.x "
-                         "(upgrade scoreboard to read it)")
+        return f"{v!r} has unknown major version {m.group(1)}; this scoreboard reads receipt format {FORMAT_MAJOR}.x"
+    return None
+
+
+def check_format_version(v: Any) -> None:
+    """ValueError (for a pydantic validator) when this scoreboard does not read format_version `v`."""
+    problem = format_version_problem(v)
+    if problem:
+        raise ValueError(problem)
+
+
+def refuse_unknown_format(data: Any, file: str | os.PathLike[str]) -> None:
+    """InputError (exit 1) naming the file, the version found, the versions read and the next command,
+    unless this scoreboard reads the receipt's format. A newer minor of a known major is read."""
+    version = data.get("format_version") if isinstance(data, Mapping) else None
+    problem = format_version_problem(version)
+    if problem:
+        known_shape = isinstance(version, str) and re.fullmatch(r"\d+\.\d+", version)
+        raise InputError(f"{file}: format_version {problem}", UPGRADE_HINT if known_shape else
+                         "see docs/receipt-format.md")
 
 
 def format_major_known(v: Any) -> bool:
     """Whether this scoreboard reads receipts of format_version `v` (its major is FORMAT_MAJOR)."""
-    try:
-        check_format_version(v)
-    except ValueError:
-        return False
-    return True
+    return format_version_problem(v) is None
 
 
-def receipt_target(receipt: Mapping[str, Any]) -> Any:
+def receipt_target(receipt: Receipt | Mapping[str, Any]) -> Target:
     """The target table the round actually used (``lock_target``: the policy it was judged under), as a
-    typed lockfile.Target; InputError names the first bad field."""
+    typed lockfile.Target; InputError names the first bad field. A Mapping is a receipt still being
+    assembled (or a partial one): only its ``lock_target`` and ``round_id`` are read."""
     from ..lockfile import Target
 
-    if not isinstance(receipt, Mapping) or "lock_target" not in receipt:
+    if isinstance(receipt, Receipt):
+        raw, rid = receipt.lock_target, receipt.round_id
+    elif isinstance(receipt, Mapping) and "lock_target" in receipt:
+        raw, rid = receipt["lock_target"], receipt.get("round_id", "?")
+    else:
         raise InputError("receipt lock_target: required field is missing", "the receipt is incomplete; re-run the round")
     try:
-        return Target.model_validate(receipt["lock_target"])
+        return Target.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         where = f"lock_target.{loc}" if loc else "lock_target"
-        raise InputError(f"receipt {receipt.get('round_id', '?')}: lock_target is not a valid target: {where}: "
+        raise InputError(f"receipt {rid}: lock_target is not a valid target: {where}: "
                          f"{first['msg']}", "pass --lock reference.lock to score with the current lock's policy"
                          ) from None
 
 
-def _problems(exc: ValidationError) -> list[str]:
+def validation_messages(exc: ValidationError, root: str = "") -> list[str]:
+    """Each error of `exc` as "<dotted.path>: <message>", paths under `root` (a section's name) when given."""
     out = []
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"])
+        path = ".".join(str(p) for p in ([root] if root else []) + list(err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key (not in receipt format 1.x; see docs/receipt-format.md)"
@@ -375,14 +429,13 @@ def validation_problems(data: Any) -> list[str]:
     """Every problem with a receipt dict, each with its field path (empty = valid)."""
     if not isinstance(data, Mapping):
         return [f"<root>: a receipt is a JSON object, got {type(data).__name__}"]
-    try:
-        check_format_version(data.get("format_version"))
-    except ValueError as exc:
-        return [f"format_version: {exc}"]
+    problem = format_version_problem(data.get("format_version"))
+    if problem:
+        return [f"format_version: {problem}"]
     try:
         Receipt.model_validate(data)
     except ValidationError as exc:
-        return _problems(exc)
+        return validation_messages(exc)
     return []
 
 
@@ -433,27 +486,30 @@ def add_provenance(receipt: Mapping[str, Any], facts: Mapping[str, Any]) -> dict
 # ----------------------------------------------------------------------------------------------
 # arithmetic read back from the raw samples (the one definition frontier and verify share)
 
-def rep_throughputs(block: Mapping[str, Any]) -> list[float]:
+def rep_throughputs(block: Block) -> list[float]:
     """tok/s per rep = n_tokens / (ns / 1e9), from raw harness nanoseconds."""
-    return [n / (ns / 1e9) for ns, n in zip(block["samples_ns"], block["n_tokens"])]
+    return [n / (ns / 1e9) for ns, n in zip(block.samples_ns, block.n_tokens)]
 
 
-def arm_value(metric: Mapping[str, Any], arm: str) -> float:
+def arm_value(metric: SpeedMetric, arm: str) -> float:
     """The arm's value (tok/s): geometric mean over blocks of the per-block median rep throughput —
     the same estimator the verdict uses (scoreboard.stats.arm_stats().value)."""
     from ..stats import block_value, geometric_mean
 
-    blocks = metric["arms"][arm]["blocks"]
-    return geometric_mean([block_value(b["samples_ns"], b["n_tokens"]) for b in blocks])
+    return geometric_mean([block_value(b.samples_ns, b.n_tokens) for b in metric.arms[arm].blocks])
 
 
-def arm_reps(metric: Mapping[str, Any], arm: str) -> int:
+def arm_reps(metric: SpeedMetric, arm: str) -> int:
     """Timed reps (warm-ups excluded) across all blocks of one arm."""
-    return sum(len(b["samples_ns"]) for b in metric["arms"][arm]["blocks"])
+    return sum(len(b.samples_ns) for b in metric.arms[arm].blocks)
 
 
-def scored_metric(receipt: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    speed = receipt.get("speed")
-    if not speed:
+def scored_metric(receipt: Receipt) -> SpeedMetric | None:
+    if not receipt.speed:
         return None
-    return next((m for m in speed["metrics"] if m["role"] == "scored"), None)
+    return next((m for m in receipt.speed.metrics if m.role == "scored"), None)
+
+
+def metric_label(m: SpeedMetric) -> str:
+    """A recorded metric's display name, e.g. "decode 32 tok @ depth 512" (as scoreboard.tiers.metric_name)."""
+    return f"{m.phase} {m.n_tokens} tok @ depth {m.depth}"

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from . import frontier, ledger
 from ..errors import InputError, NonCompliant
 from .ledger import LedgerEntry, SlotChange
-from .receipt import normalize, parse_receipt, scored_metric
+from .receipt import Receipt, normalize, parse_receipt, scored_metric
 from .seal import load_private_key, make_seal, sha256_hex
 
 DEFAULT_ROUNDS = "rounds"
@@ -73,9 +73,9 @@ def _seal_and_write(receipt: Mapping[str, Any], rounds_dir: str | os.PathLike[st
         raise InputError(f"receipt {receipt.get('round_id')}: already sealed; a receipt is sealed exactly once")
     body = normalize(receipt)
     sealed = {**body, "seal": make_seal(body, prev_ledger_sha256, private_key)}
-    parse_receipt(sealed)
+    parsed = parse_receipt(sealed)
     data = file_bytes(sealed)
-    entry = round_entry(sealed, sha256_hex(data))
+    entry = round_entry(parsed, sha256_hex(data))
     LedgerEntry.model_validate({**entry, "prev_sha256": prev_ledger_sha256})
     Path(rounds_dir).mkdir(parents=True, exist_ok=True)
     path = receipt_path(rounds_dir, sealed["round_id"])
@@ -119,17 +119,16 @@ def receipt_files(rounds_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
 
 
-def round_entry(sealed: Mapping[str, Any], file_sha256: str) -> dict[str, Any]:
+def round_entry(sealed: Receipt, file_sha256: str) -> dict[str, Any]:
     """The ``round`` ledger line for a sealed receipt (prev_sha256 is filled in by ledger.append)."""
     m = scored_metric(sealed)
-    at_start = m.get("frontier") if m else None  # the slot as the round read it from the lock
-    return {"kind": "round", "round_id": sealed["round_id"], "date": sealed["created_at"],
-            "target": sealed["target"], "status": sealed["status"], "candidate_commit": sealed["candidate"]["commit"],
-            "is_main": sealed["candidate"]["is_main"],
-            "verdict": sealed["verdict"]["label"] if sealed.get("verdict") else "aborted",
+    at_start = m.frontier if m else None  # the slot as the round read it from the lock
+    return {"kind": "round", "round_id": sealed.round_id, "date": sealed.created_at,
+            "target": sealed.target, "status": sealed.status, "candidate_commit": sealed.candidate.commit,
+            "is_main": sealed.candidate.is_main, "verdict": frontier._label(sealed),
             "value": frontier.scored_value(sealed), "slot": frontier.scored_slot(sealed),
             "frontier_before": at_start, "frontier_after": at_start, "changes": [], "reason": "",
-            "receipt_sha256": file_sha256, "seal_sha256": sealed["seal"]["sha256"]}
+            "receipt_sha256": file_sha256, "seal_sha256": frontier._seal_sha256(sealed)}
 
 
 def _forbidden_roots(rounds_dir: str | os.PathLike[str]) -> list[Path]:
@@ -157,16 +156,17 @@ def resume_round(receipt: str | os.PathLike[str], rounds_dir: str | os.PathLike[
     raised from it only when it is the ledger's last round: an older receipt's slot changes were
     settled by the lines after it."""
     with ledger.exclusive(rounds_dir):
-        data, path = frontier.recorded_receipt(receipt, rounds_dir)
+        rec = frontier.recorded_receipt(receipt, rounds_dir)
+    data, path, rid = rec.raw, rec.path, rec.receipt.round_id
     done = rechain(rounds_dir, lock_path)
-    if not any(e.kind == "round" and e.round_id == data["round_id"] for e in ledger.read_entries(rounds_dir)):
+    if not any(e.kind == "round" and e.round_id == rid for e in ledger.read_entries(rounds_dir)):
         why = next((w for p, w in done.orphaned if p.resolve() == path.resolve()), "")
         raise NonCompliant(f"{path}: cannot be re-chained: {why or 'sealed against another ledger head'}",
                            "this receipt is orphaned; record the round again")
     rechained = done.lock_changes
     last_round = next((e for e in reversed(ledger.read_entries(rounds_dir)) if e.kind == "round"), None)
     changes = []
-    if lock_path is not None and last_round is not None and last_round.round_id == data["round_id"]:
+    if lock_path is not None and last_round is not None and last_round.round_id == rid:
         changes = frontier.raise_frontier(lock_path, path, rounds_dir)
     return Recorded(path, data, changes or rechained)
 
@@ -186,16 +186,16 @@ class Rechained:
 @dataclass
 class _Orphan:
     path: Path
-    data: dict[str, Any]
+    data: Receipt  # sealed: its seal held when read
     file_sha: str
 
     @property
     def prev(self) -> str:
-        return self.data["seal"]["prev_ledger_sha256"]
+        return self.data.seal.prev_ledger_sha256 if self.data.seal else ""
 
     @property
     def rid(self) -> str:
-        return self.data["round_id"]
+        return self.data.round_id
 
 
 _DATE_PLACEHOLDER = "9999-12-31T23:59:59Z"
@@ -242,7 +242,7 @@ def _sealed_files(rounds_dir: Path) -> tuple[dict[str, _Orphan], list[tuple[Path
         raw = path.read_bytes()
         try:
             data = json.loads(raw)
-            parse_receipt(data, str(path))
+            parsed = parse_receipt(data, str(path))
             verify_sealed(data, str(path))
             sig = check_signature(data)
             if sig:
@@ -250,10 +250,10 @@ def _sealed_files(rounds_dir: Path) -> tuple[dict[str, _Orphan], list[tuple[Path
         except (ValueError, InputError, NonCompliant) as exc:
             bad.append((path, getattr(exc, "message", str(exc)).splitlines()[0]))
             continue
-        if path.stem != data["round_id"]:
-            bad.append((path, f"named {path.name} but its round id is {data['round_id']}"))
+        if path.stem != parsed.round_id:
+            bad.append((path, f"named {path.name} but its round id is {parsed.round_id}"))
             continue
-        good[data["round_id"]] = _Orphan(path, data, sha256_hex(raw))
+        good[parsed.round_id] = _Orphan(path, parsed, sha256_hex(raw))
     return good, bad
 
 
@@ -300,7 +300,7 @@ def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
 
         while True:
             head = ledger.head_sha256(rounds)
-            nxt = sorted((o for o in orphans.values() if o.prev == head), key=lambda o: o.data["created_at"])
+            nxt = sorted((o for o in orphans.values() if o.prev == head), key=lambda o: o.data.created_at)
             if nxt:
                 o = nxt[0]
                 ledger.append(rounds, round_entry(o.data, o.file_sha))
@@ -315,8 +315,8 @@ def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
                 ch = changes_of(p)
                 if not ch:
                     continue
-                lo = _epoch(p.data["created_at"])
-                hi = max(_epoch(o.data["created_at"]) + sum((o.data.get("stage_seconds") or {}).values()) + 600
+                lo = _epoch(p.data.created_at)
+                hi = max(_epoch(o.data.created_at) + sum(o.data.stage_seconds.values()) + 600
                          for o in orphans.values())
                 entry = frontier._slot_entry("frontier-raise", p.data, p.path, ch, lock, values=state)
                 hit = _proven_date(entry, head, lo, min(hi, lo + MAX_DATE_SEARCH_S), wanted)
@@ -334,7 +334,7 @@ def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
             ch = changes_of(p)
             if ch:
                 append_raise(p, ch, None, "slot changes recorded now")
-        for o in sorted(orphans.values(), key=lambda o: o.data["created_at"]):
+        for o in sorted(orphans.values(), key=lambda o: o.data.created_at):
             out.orphaned.append((o.path, f"sealed after ledger line {o.prev[:12]}…, which is not on the ledger "
                                          "and cannot be rebuilt (a lost frontier-lower line, or a hand edit)"))
         if lock_path is not None:
@@ -364,7 +364,7 @@ def _lock_to_ledger(lock_path: Path, rounds: Path) -> list[SlotChange]:
         by_round.setdefault(e.round_id, []).append(c.model_copy(update={"before": now}))
     done: list[SlotChange] = []
     for rid, changes in by_round.items():
-        data = json.loads(receipt_path(rounds, rid).read_bytes())
-        frontier.apply(lock_path, changes, data)
+        path = receipt_path(rounds, rid)
+        frontier.apply(lock_path, changes, parse_receipt(json.loads(path.read_bytes()), str(path)))
         done += changes
     return done

@@ -14,7 +14,7 @@ from . import frontier, ledger
 from ..errors import InputError, LockError
 from .ledger import LedgerEntry
 from ..lockfile import Lock, load_lock
-from .receipt import scored_metric, validation_problems
+from .receipt import Receipt, scored_metric, validation_problems
 from .records import receipt_files
 from .seal import check_seal, check_signature, load_public_key, sha256_hex
 
@@ -51,7 +51,8 @@ class Report:
 @dataclass
 class _Rec:
     path: Path
-    data: dict[str, Any]
+    data: dict[str, Any]  # the JSON as read (what its seal is over)
+    receipt: Receipt  # the same, parsed
     file_sha: str
 
 
@@ -82,30 +83,31 @@ def _check_receipts(ctx: _Ctx, rounds: Path, trusted: Any) -> dict[str, _Rec]:
             ctx.add(path, *_split(p))
         if problems or not isinstance(data, dict):
             continue
-        if path.stem != data["round_id"]:
-            ctx.add(path, "round_id", f"{data['round_id']!r} does not match the file name (renamed?)")
+        receipt = Receipt.model_validate(data)
+        if path.stem != receipt.round_id:
+            ctx.add(path, "round_id", f"{receipt.round_id!r} does not match the file name (renamed?)")
         for fld, msg in check_seal(data) + check_signature(data, trusted):
             ctx.add(path, fld, msg)
-        recs[data["round_id"]] = _Rec(path, data, sha256_hex(raw))
+        recs[receipt.round_id] = _Rec(path, data, receipt, sha256_hex(raw))
     ctx.report.receipts = len(recs)
     return recs
 
 
 def _line_vs_receipt(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
-    d = rec.data
+    d = rec.receipt
     if e.receipt_sha256 != rec.file_sha:
         ctx.add(where, "receipt_sha256", f"{rec.path} bytes changed since the line was written")
-    if e.seal_sha256 != (d.get("seal") or {}).get("sha256"):
+    if e.seal_sha256 != (d.seal.sha256 if d.seal else None):
         ctx.add(where, "seal_sha256", f"does not match {rec.path} seal.sha256")
     expect: dict[str, Any] = {
-        "target": d["target"], "status": d["status"], "candidate_commit": d["candidate"]["commit"],
-        "is_main": d["candidate"]["is_main"], "verdict": d["verdict"]["label"] if d.get("verdict") else "aborted"}
+        "target": d.target, "status": d.status, "candidate_commit": d.candidate.commit,
+        "is_main": d.candidate.is_main, "verdict": d.verdict.label if d.verdict else "aborted"}
     if e.kind == "round":
         m = scored_metric(d)
-        at_start = m.get("frontier") if m else None
-        expect.update(date=d["created_at"], value=frontier.scored_value(d), frontier_before=at_start,
+        at_start = m.frontier if m else None
+        expect.update(date=d.created_at, value=frontier.scored_value(d), frontier_before=at_start,
                       frontier_after=at_start, changes=[])
-        if (d.get("seal") or {}).get("prev_ledger_sha256") != e.prev_sha256:
+        if (d.seal.prev_ledger_sha256 if d.seal else None) != e.prev_sha256:
             ctx.add(where, "prev_sha256", f"{rec.path} was sealed after a different ledger line (reordered?)")
     for k, v in expect.items():
         if getattr(e, k) != v:
@@ -118,11 +120,11 @@ def _changes_backed(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
     if not e.changes:
         ctx.add(where, "changes", f"a {e.kind} line without changes")
     try:
-        measured = {(m.slot, m.kind): m for m in frontier.measured_slots(rec.data)}
+        measured = {(m.slot, m.kind): m for m in frontier.measured_slots(rec.receipt)}
     except InputError as exc:
         ctx.add(where, "changes", exc.message)
         return
-    why = frontier.ineligible(rec.data) if e.kind == "frontier-raise" else frontier.lower_refusal(rec.data)
+    why = frontier.ineligible(rec.receipt) if e.kind == "frontier-raise" else frontier.lower_refusal(rec.receipt)
     if why:
         ctx.add(where, "round_id", f"round {e.round_id} may not write slots: {why}")
     if e.kind == "frontier-lower" and not e.reason.strip():
@@ -203,7 +205,7 @@ def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: 
         rec = recs.get(e.round_id)
         if rec is None:
             continue  # reported with the ledger
-        want = {"round": e.round_id, "commit": c.commit, "reps": c.reps, "measured_at": rec.data["created_at"],
+        want = {"round": e.round_id, "commit": c.commit, "reps": c.reps, "measured_at": rec.receipt.created_at,
                 "unit": "tok/s", "kind": c.kind}
         for k, v in want.items():
             if getattr(slot, k) != v:
@@ -214,7 +216,7 @@ def _check_calibrations(ctx: _Ctx, rounds: Path, trusted: Any, recs: dict[str, _
     """The calibration chain, every sealed record, and every receipt's reference to one."""
     from ..calibrate import verify_problems
 
-    n, problems = verify_problems(rounds, trusted, {rid: rec.data for rid, rec in recs.items()})
+    n, problems = verify_problems(rounds, trusted, {rid: rec.receipt for rid, rec in recs.items()})
     ctx.report.calibrations = n
     for file, fld, msg in problems:
         ctx.add(file, fld, msg)

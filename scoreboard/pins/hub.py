@@ -244,9 +244,9 @@ def _compare(pin: str, w: Weights, m: HubManifest, repin: str, targets: tuple[st
         drift(p, f"pinned file is missing from {where} at {short(m.revision)}", f"{f.size} B sha256 {f.sha256}",
               "(missing)", set_action)
     for p in extra:
-        r = m.tree[p]
+        t = m.tree[p]
         drift(p, f"extra file in {where} at {short(m.revision)} (an added or re-split shard)", "(not pinned)",
-              f"{r.size} B sha256 {r.sha256 or '(no LFS)'}", set_action)
+              f"{t.size} B sha256 {t.sha256 or '(no LFS)'}", set_action)
     for p in sorted(set(pinned) & set(m.tree)):
         f, r = pinned[p], m.info.get(p)
         if r is None:

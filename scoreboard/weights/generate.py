@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from ..errors import InputError
 from ..models.k3 import ARCH, DECLARED_KEY, K3Config, expected_tensors, key
 from .presets import K3Spec, get_spec
 from .tokenizer import build_tokenizer
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
 
 GENERATOR_VERSION = 1  # bump when the bytes a spec produces change on purpose
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
@@ -149,7 +152,8 @@ def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndar
     return _route_code(spec, seed, name, leaf, x) if spec.route_code else x
 
 
-def _encode(arr: np.ndarray, shape: tuple[int, ...], weight_type: str) -> tuple[np.ndarray, object | None]:
+def _encode(arr: np.ndarray, shape: tuple[int, ...],
+            weight_type: str) -> tuple[np.ndarray, GGMLQuantizationType | None]:
     """(data, raw_dtype): matrices in the spec's type; 1-D tensors, conv taps and ssm_a stay f32."""
     from gguf import GGMLQuantizationType, quants
 
@@ -217,8 +221,10 @@ def _write_metadata(w, spec: K3Spec, cfg: K3Config, seed: int) -> None:
     f32 = {"attention.layer_norm_rms_epsilon": cfg.rms_norm_eps, "kda.gate_lower_bound": cfg.kda_gate_lower_bound,
            "expert_weights_scale": cfg.expert_weights_scale, "activation.situ_beta": cfg.situ_beta,
            "activation.situ_linear_beta": cfg.situ_linear_beta}
-    for k, v in f32.items():
-        w.add_float32(key(k), float(v))
+    for k, x in f32.items():
+        if x is None:  # a kimi-linear style config (no gate lower bound): not a K3 preset
+            raise InputError(f"spec {spec.name}: {k} is unset; the generator writes K3 presets only")
+        w.add_float32(key(k), float(x))
     w.add_bool(key("expert_weights_norm"), cfg.expert_weights_norm)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
@@ -251,7 +257,7 @@ def generate(spec: str | K3Spec, out_dir: Path, seed: int | None = None,
     names = shard_names(spec)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=out_dir))
     try:
-        split = {}
+        split: dict[str, Any] = {}
         if spec.n_shards > 1:
             split["split_max_size"] = _split_size([_nbytes(s, spec.weight_type) for _, s in plan], spec.n_shards)
         w = GGUFWriter(tmp / f"{spec.name}.gguf", ARCH, **split)
