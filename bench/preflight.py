@@ -3,7 +3,7 @@ generated), the fit, the candidate worker's imports, and the reference built at 
 cache and build keys. A box then starts its first round with everything in place, and work that does not
 need the GPU (a llama.cpp CUDA build takes ~4 minutes) can run beside something else.
 
-    python bench/preflight.py k3-gpu-h200
+    python bench/preflight.py k3-gpu-h200 [--renew-reference-anchor]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def report(kind: str, **kw: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {kind}: {msg}", flush=True)
 
 
-def main(target: str) -> int:
-    opts = RoundOptions(target=target, seal=False, require_calibration=False)
+def main(target: str, renew: bool = False) -> int:
+    opts = RoundOptions(target=target, seal=False, require_calibration=False, renew_reference_anchor=renew)
     lock = load_lock(opts.lock_path)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sb-preflight-") as scratch:
@@ -37,4 +37,5 @@ def main(target: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "k3-mini-cpu"))
+    args = [a for a in sys.argv[1:] if a != "--renew-reference-anchor"]
+    raise SystemExit(main(args[0] if args else "k3-mini-cpu", "--renew-reference-anchor" in sys.argv[1:]))

@@ -232,6 +232,9 @@ class CalibrationOptions:
     cache_dir: Path = field(default_factory=default_cache_dir)  # explicit, else $SCOREBOARD_CACHE, else ~/.cache
     seal: bool = True
     allow_node_mismatch: bool = False
+    # the operator accepts a reference build whose files differ from the ones the latest sealed round recorded
+    # for its build key (a deliberate rebuild, e.g. on a fresh box); the record's reference identity says so
+    renew_reference_anchor: bool = False
 
 
 @dataclass
@@ -286,7 +289,8 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
     stage_seconds: dict[str, float] = {}
     round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
                               seal=False, rounds_dir=opts.rounds_dir, cache_dir=opts.cache_dir,
-                              allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False)
+                              allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False,
+                              renew_reference_anchor=opts.renew_reference_anchor)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     report("stage", name="candidate")
     source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)

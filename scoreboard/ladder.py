@@ -28,7 +28,7 @@ class Step:
     commit: str
     before: float
     after: float
-    kind: str  # "frontier-raise" | "frontier-lower"
+    kind: str  # "frontier-raise" | "frontier-lower" | "held" (a main round that moved nothing: none, REJECT, aborted)
     tier: str = ""  # the round's verdict label ("" when the receipt is missing or fails its seal)
     reference: float | None = None  # the reference arm's value for this metric in the same round, tok/s
     metric: str = ""  # e.g. "decode 32 tok @ depth 512"
@@ -36,19 +36,33 @@ class Step:
 
     @property
     def ratio(self) -> float | None:
-        return self.after / self.before if self.before > 0 else None
+        return self.after / self.before if self.before > 0 and self.kind != "held" else None
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def ladder_steps(lines: list[dict[str, Any]], target: str | None = None) -> list[Step]:
+def ladder_steps(lines: list[dict[str, Any]], target: str | None = None, held: bool = False) -> list[Step]:
     """Every frontier slot change on the ledger (raises, and the logged lowers), in ledger order. A step's
-    date is its round's (the receipt's created_at, on the round line), not when the slots were written."""
+    date is its round's (the receipt's created_at, on the round line), not when the slots were written.
+
+    `held`: also every main round that moved nothing on its scored slot (none, REJECT, aborted), as a "held"
+    step at the frontier it left standing: the tiers as they came, failures included."""
     round_dates = {ln.get("round_id"): ln.get("date", "") for ln in lines if ln.get("kind") == "round"}
+    moved = {(ln.get("round_id"), ch.get("slot")) for ln in lines if ln.get("kind") == "frontier-raise"
+             for ch in ln.get("changes", []) if ch.get("kind") == "frontier"}
     steps = []
     for ln in lines:
-        if ln.get("kind") not in ("frontier-raise", "frontier-lower") or (target and ln.get("target") != target):
+        if target and ln.get("target") != target:
+            continue
+        if held and ln.get("kind") == "round" and ln.get("is_main") and (ln.get("round_id"), ln.get("slot")) not in moved:
+            before = float(ln.get("frontier_before") or 0.0)
+            if before > 0:  # before a BASELINE there is no frontier to hold
+                steps.append(Step(ln.get("round_id", ""), ln.get("date", ""), ln.get("slot", ""),
+                                  ln.get("candidate_commit", ""), before, before, "held",
+                                  tier=str(ln.get("verdict") or ln.get("status") or "")))
+            continue
+        if ln.get("kind") not in ("frontier-raise", "frontier-lower"):
             continue
         for ch in ln.get("changes", []):
             if ch.get("kind") != "frontier":
@@ -89,14 +103,15 @@ def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None]:
     return "", None
 
 
-def ladder_from_history(rounds_dir: str | Path, target: str | None = None) -> list[Step]:
-    """The ladder with each step's tier and same-round reference value from its (seal-checked) receipt."""
+def ladder_from_history(rounds_dir: str | Path, target: str | None = None, held: bool = True) -> list[Step]:
+    """The ladder with each step's tier and same-round reference value from its (seal-checked) receipt;
+    `held` (the default): main rounds that moved nothing are steps too (ladder_steps)."""
     from .history.ledger import read_ledger
 
     rounds = Path(rounds_dir)
     out = []
     cache: dict[str, tuple[Receipt | None, str]] = {}
-    for s in ladder_steps(read_ledger(rounds), target):
+    for s in ladder_steps(read_ledger(rounds), target, held):
         if s.round_id not in cache:
             cache[s.round_id] = _receipt_facts(rounds / f"{s.round_id}.json")
         rec, problem = cache[s.round_id]
@@ -139,7 +154,8 @@ def compounding(steps: Iterable[Step]) -> dict[str, SlotCompounding]:
     step over exactly those `steps` ratios. Slots are never multiplied together."""
     by: dict[str, list[Step]] = {}
     for s in steps:
-        by.setdefault(s.slot, []).append(s)
+        if s.kind != "held":  # a round that moved nothing multiplies nothing
+            by.setdefault(s.slot, []).append(s)
     out = {}
     for slot, ss in by.items():
         nonzero = [s for s in ss if s.after > 0]
@@ -239,12 +255,13 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
                 p.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{_REF}"/>')
         for i, s in enumerate(steps):
             cx, cy = x(i), y(s.after)
-            color = _LOWER if s.kind == "frontier-lower" else _CAND
+            color = _LOWER if s.kind == "frontier-lower" or s.tier == "REJECT" else _CAND
             tier = "lowered" if s.kind == "frontier-lower" else (s.tier or "?")
             if s.receipt_problem:
                 tier, color = "UNVERIFIED", _LOWER
-            p.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}"><title>{escape(s.round_id)}: '
-                     f'{_fmt(s.after)} {UNIT} ({escape(tier)})</title></circle>')
+            fill = "white" if s.kind == "held" else color  # hollow: the frontier held, this round moved nothing
+            p.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{fill}" stroke="{color}" stroke-width="2">'
+                     f'<title>{escape(s.round_id)}: {_fmt(s.after)} {UNIT} ({escape(tier)})</title></circle>')
             p.append(f'<text x="{cx:.1f}" y="{cy - 10:.1f}" text-anchor="middle" font-weight="bold" '
                      f'fill="{color}">{escape(tier)} {_fmt(s.after)}</text>')
             p.append(f'<text x="{cx:.1f}" y="{py1 + 16}" text-anchor="middle">{escape(s.commit[:8] or "-")}</text>'

@@ -220,7 +220,7 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
                               if s.receipt_problem else "")
             rows.append(_t(f'<a href="#{escape(s.round_id)}" class=mono>{escape(s.round_id)}</a>', escape(s.date[:10]),
                            f"<span class=mono>{escape(s.commit[:12])}</span>", tier, f"{s.before:.4g}",
-                           f"{s.after:.4g}", "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
+                           f"{s.after:.4g}", "held" if s.kind == "held" else "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
                            + (" (lowered)" if s.kind == "frontier-lower" else ""),
                            "-" if s.reference is None else f"{s.reference:.4g}", left=1))
         parts.append(f'<h3 class="slot">{escape(slot)}</h3>' + slot_panel_svg(slot, ss) + f"<p>{summary}</p>"

@@ -237,3 +237,27 @@ def test_cli_refuses_bad_seeds_before_anything_runs(lock, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "--seeds 0" in proc.stderr
     assert not (tmp_path / "rounds").exists()
+
+
+def test_calibrate_cli_passes_the_anchor_renewal_to_the_round_it_builds(monkeypatch):
+    """`gate calibrate --renew-reference-anchor` reaches the preflight's RoundOptions (the renewal itself, and
+    that it is recorded, is tested on a real build in test_build_evidence); without the flag it stays off."""
+    from typer.testing import CliRunner
+
+    import scoreboard.round.run as run_mod
+    from scoreboard.cli.main import app
+
+    seen: list[RoundOptions] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_preflight(rnd):
+        seen.append(rnd.opts)
+        raise Stop
+
+    monkeypatch.setattr(run_mod, "preflight", fake_preflight)
+    for flag, want in ((["--renew-reference-anchor"], True), ([], False)):
+        res = CliRunner().invoke(app, ["gate", "calibrate", "k3-mini-cpu", "--seeds", "1", "--no-seal", *flag])
+        assert isinstance(res.exception, Stop), res.output
+        assert seen[-1].renew_reference_anchor is want

@@ -45,3 +45,25 @@ def test_svg_is_written_atomically(tmp_path):
     assert text.startswith("<svg") and "polyline" in text and text.rstrip().endswith("</svg>")
     assert text.count('class="slot-panel"') == 1 and "tok/s" in text
     assert [p.name for p in tmp_path.iterdir()] == ["ladder.svg"]
+
+
+def test_held_steps_show_main_rounds_that_moved_nothing_and_compound_nothing():
+    """The tiers as they came: a main round's REJECT or none is a held step at the frontier it left standing;
+    a PR round and a round before any BASELINE are not; the compounding counts only the moves."""
+    def rnd(rid, verdict, before, main=True, slot="S"):
+        return {"kind": "round", "round_id": rid, "date": f"2026-12-01T00:0{rid[-1]}:00Z", "target": "t",
+                "slot": slot, "is_main": main, "verdict": verdict, "frontier_before": before,
+                "candidate_commit": rid * 8, "changes": []}
+
+    lines = [rnd("r0", "BASELINE", 0.0), _line("frontier-raise", [_ch(0, 10)], rid="r0"),
+             rnd("r1", "REJECT", 10.0), rnd("r2", "XL", 10.0, main=False),
+             rnd("r3", "M", 10.0), _line("frontier-raise", [_ch(10, 11)], rid="r3"), rnd("r4", "none", 11.0),
+             rnd("r5", "aborted", 0.0)]
+    assert [s.round_id for s in ladder_steps(lines, "t")] == ["r0", "r3"]
+    steps = ladder_steps(lines, "t", held=True)
+    assert [(s.round_id, s.kind, s.tier, s.before, s.after) for s in steps] == [
+        ("r0", "frontier-raise", "", 0.0, 10.0), ("r1", "held", "REJECT", 10.0, 10.0),
+        ("r3", "frontier-raise", "", 10.0, 11.0), ("r4", "held", "none", 11.0, 11.0)]
+    assert steps[1].ratio is None and steps[3].ratio is None
+    comp = compounding(steps)["S"]
+    assert comp.steps == 1 and math.isclose(comp.total_ratio, 1.1) and comp.last == 11.0

@@ -29,12 +29,17 @@ def calibrate_cmd(
                                   "OUT/calibrations.jsonl"),
     seal: bool = typer.Option(True, "--seal/--no-seal", help="write the sealed record and its chain line"),
     json_out: bool = typer.Option(False, "--json", help="print the record as JSON"),
+    renew_reference_anchor: bool = typer.Option(
+        False, "--renew-reference-anchor",
+        help="accept a reference build whose files differ from those sealed for its build key (a deliberate "
+             "rebuild, e.g. the first use of a fresh GPU box: nvcc's output is not byte-reproducible); recorded"),
 ) -> None:
     """Reference vs candidate, the noise floor (two precisions) and the fault suite on N seeds, against the bars."""
     from ..calibrate import CalibrationOptions, run_calibration
 
     opts = CalibrationOptions(target=target, lock_path=lock, candidate=candidate, seeds=seeds, first_seed=first_seed,
-                              rounds_dir=out, cache_dir=_cache_dir(), seal=seal)
+                              rounds_dir=out, cache_dir=_cache_dir(), seal=seal,
+                              renew_reference_anchor=renew_reference_anchor)
     reporter = RichReporter()
     try:
         outcome = run_calibration(opts, reporter)

@@ -19,7 +19,8 @@ def command(
                               help="SVG file to write the plot to (one panel per slot)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Frontier history per slot: tier of each step, compounding per slot (never across slots), SVG plot.
+    """Frontier history per slot: tier of each step (main rounds that moved nothing shown as held, with their
+    none, REJECT or aborted), compounding per slot over the moves (never across slots), SVG plot.
 
     Exit 2 when a step's receipt is missing, unsealed or edited (the step is shown as UNVERIFIED)."""
     if not json_out and not plot.parent.is_dir():
@@ -38,7 +39,7 @@ def command(
             for col in ("date", "round", "commit", "tier", "before", "after", "step", "reference (same round)"):
                 t.add_column(col)
             for s in (s for s in steps if s.slot == slot):
-                step = "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
+                step = "held" if s.kind == "held" else "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
                 t.add_row(s.date, s.round_id, s.commit[:12], "[red]UNVERIFIED[/]" if s.receipt_problem else s.tier,
                           f"{s.before:.4g}", f"{s.after:.4g}",
                           step + (" (lowered)" if s.kind == "frontier-lower" else ""),
