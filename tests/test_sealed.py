@@ -4,10 +4,10 @@ the one refusal of an unknown major format wherever a receipt is read."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 from receipt_factory import make_receipt
 
 from scoreboard.errors import InputError, NonCompliant
@@ -26,16 +26,7 @@ def _write(tmp_path: Path, r: dict, name: str = "r.json") -> Path:
 
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from scoreboard.cli.main import run
-
-    monkeypatch.setattr(sys, "argv", ["scoreboard", *args])
-    try:
-        run()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(monkeypatch, capsys, *args)
 
 
 def test_a_sealed_receipt_is_read_as_the_typed_model_next_to_its_raw_json(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 import tomlkit
 
 from scoreboard.errors import InputError
@@ -359,16 +359,7 @@ def test_golden_bucket_boundaries_with_zero_width_ci():
 # CLI
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from scoreboard.cli.main import run
-
-    monkeypatch.setattr(sys, "argv", ["scoreboard", "tier", *args])
-    try:
-        run()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(monkeypatch, capsys, "tier", *args)
 
 
 # the envelope sections a golden incident leaves out (the verdict never reads them)
