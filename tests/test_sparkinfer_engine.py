@@ -214,3 +214,23 @@ def test_every_injected_fault_fails_the_gate_on_k3_mini(reference, shards):
     for fault, depths in results.items():
         assert not any(d.passed for d in depths), fault  # refused at every gate depth
         assert all(d.kl_mean > 0.1 for d in depths), fault
+
+
+def test_prefill_runs_in_chunks_of_at_least_2048_and_agrees_with_ubatch_chunks(prepared, prompt):
+    """A prompt is fed in calls of max(n_ubatch, 2048) tokens (fewer launches); per token the result is the same
+    as feeding it in n_ubatch-sized calls, up to float32 rounding."""
+    import torch
+
+    from engines.sparkinfer.engine import PREFILL_CHUNK, prefill, prefill_chunk
+
+    assert prefill_chunk(dataclasses.replace(GEOM, n_ubatch=512)) == PREFILL_CHUNK == 2048
+    assert prefill_chunk(dataclasses.replace(GEOM, n_ubatch=4096)) == 4096
+    model = prepared[1].handle.model
+    ids = torch.tensor(prompt[:700])
+    pos = list(range(0, 700, 9))
+    with torch.inference_mode():
+        small = prefill(model, model.new_cache(1024), ids, 64, pos).double()
+        whole = prefill(model, model.new_cache(1024), ids, prefill_chunk(GEOM), pos).double()
+    ls, lw = torch.log_softmax(small, -1), torch.log_softmax(whole, -1)
+    assert float((ls.exp() * (ls - lw)).sum(-1).max()) < 1e-8
+    assert torch.equal(small.argmax(-1), whole.argmax(-1))

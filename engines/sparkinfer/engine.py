@@ -2,7 +2,7 @@
 
 Code paths (one for checking, the same for timing):
 
-* prefill — tokens go through ``K3Model.forward`` in chunks of ``geometry.n_ubatch`` (chunked KDA,
+* prefill — tokens go through ``K3Model.forward`` in chunks of ``prefill_chunk(geometry)`` tokens (chunked KDA,
   MLA over the f16 latent cache); ``logits()`` uses exactly this and returns, for each requested
   position p, the next-token logits after consuming ``token_ids[:p+1]``.
 * decode at depth d — :meth:`SparkInferEngine.begin` (untimed) builds a fresh cache and really prefills
@@ -14,7 +14,7 @@ Code paths (one for checking, the same for timing):
   on CUDA) begin() prefills into graph.py's persistent buffers and captures the static-shape step once
   per attention span; step() replays it per token, fed the revealed token first.
 * prefill at depth d — :meth:`begin` prefills ``prompt[:d]`` (untimed); :meth:`step` ingests the
-  ``n_tokens`` revealed tokens in ``n_ubatch`` chunks and returns ``[argmax]`` of the last position's
+  ``n_tokens`` revealed tokens in those chunks and returns ``[argmax]`` of the last position's
   logits (one id).
 
 The engine never reads a clock. Options (``EngineTarget.options``, typed in options.py: a target pins them in
@@ -237,7 +237,7 @@ class SparkInferEngine(Engine):
         want = sorted(set(positions))
         with torch.inference_mode():
             cache = h.model.new_cache(_n_ctx(request.geometry, want[-1] + 1))
-            rows = prefill(h.model, cache, _ids(h, ids[: want[-1] + 1]), request.geometry.n_ubatch, want)
+            rows = prefill(h.model, cache, _ids(h, ids[: want[-1] + 1]), prefill_chunk(request.geometry), want)
         got = dict(zip(want, rows.cpu().numpy().astype(np.float32)))
         out = np.stack([got[p] for p in positions]).astype(np.float32)
         geom = replace(request.geometry, n_threads=torch.get_num_threads())
@@ -257,7 +257,7 @@ class SparkInferEngine(Engine):
                 return _begin_static(h, p, d, n, _n_ctx(h.geometry, need))
             cache = h.model.new_cache(_n_ctx(h.geometry, need))
             if p:
-                prefill(h.model, cache, _ids(h, p), h.geometry.n_ubatch, [])
+                prefill(h.model, cache, _ids(h, p), prefill_chunk(h.geometry), [])
             if workload.phase == "prefill":
                 return PrefillState(cache, n)
             return DecodeState(cache, n)
@@ -272,7 +272,7 @@ class SparkInferEngine(Engine):
             ids = _ids(h, revealed)
             if isinstance(state, PrefillState):
                 n = int(ids.shape[0])
-                last = prefill(h.model, state.cache, ids, h.geometry.n_ubatch, [state.cache.n_past + n - 1])
+                last = prefill(h.model, state.cache, ids, prefill_chunk(h.geometry), [state.cache.n_past + n - 1])
                 return [int(last.argmax(-1)[0])]
             h.decode_steps += 1
             if h.faults.cheat_when_timed and h.decode_steps > 1 and os.path.exists("clock.to-worker"):
@@ -289,6 +289,17 @@ class SparkInferEngine(Engine):
 
 # ----------------------------------------------------------------------------------------------
 # the two code paths (plain functions: the engine methods and the gate's checked run share them)
+
+PREFILL_CHUNK = 2048  # tokens per forward call of a prefill, at least the geometry's n_ubatch
+
+
+def prefill_chunk(geometry: Geometry) -> int:
+    """Tokens per forward call when prefilling: n_ubatch is llama.cpp's physical batch; sparkinfer's launches
+    per call barely depend on the token count (one grouped product per expert matrix, one chunk scan), so a
+    2048-token prompt in one call launches a quarter of the kernels four 512-token calls do. The results are the
+    same per token up to rounding (test_sparkinfer_engine)."""
+    return max(geometry.n_ubatch, PREFILL_CHUNK)
+
 
 def prefill(model: K3Model, cache: K3Cache, ids: torch.Tensor, n_ubatch: int, positions: list[int]) -> torch.Tensor:
     """Feed ids [T] in chunks of n_ubatch from cache.n_past; logits [len(positions), V] for the absolute
@@ -326,7 +337,7 @@ def _begin_static(h: Loaded, p: list[int], d: int, n: int, n_ctx: int) -> Decode
         h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
     cache = h.decoder.reset(d + n)
     if p:
-        prefill(h.model, cache, _ids(h, p), h.geometry.n_ubatch, [])
+        prefill(h.model, cache, _ids(h, p), prefill_chunk(h.geometry), [])
     h.decoder.check()
     return DecodeState(cache, n, generation=h.decoder.generation)
 
