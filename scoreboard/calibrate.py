@@ -46,9 +46,10 @@ CHAIN_NAME = "calibrations.jsonl"
 RECORDS_DIR = "calibrations"
 FORMAT_VERSION = "1.0"
 DEFAULT_SEEDS = 20
-# seeds per candidate worker launch (weights loaded once: start-up dominates on small models); each seed in
-# a launch gets the target's worker timeout (speed.timeout_s)
-SEEDS_PER_WORKER = 10
+# seeds per candidate worker launch (weights loaded once: start-up dominates on small models; on the H200 a
+# sparkinfer worker spends ~6 s in torch import, CUDA init and the weight load before its first seed): the
+# default 20 seeds in one launch per arm; each seed in a launch gets the target's worker timeout (speed.timeout_s)
+SEEDS_PER_WORKER = 20
 PRECISION = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
 
 Report = Callable[..., None]
