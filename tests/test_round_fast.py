@@ -23,10 +23,12 @@ from sandbox_fixtures import git
 from scoreboard import registry
 from scoreboard.engine import EngineTarget, Geometry
 from scoreboard.errors import EngineError, InputError
+from scoreboard.history.receipt import parse_receipt
 from scoreboard.history.verify import verify as verify_all
 from scoreboard.lockfile import load_lock
 from scoreboard.round.launch import run_worker
 from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.tiers import verdict_from_receipt
 from scoreboard.weights.verify import ensure_generated
 from scoreboard.worker.protocol import LogitsOp, LogitsRows
 
@@ -214,3 +216,5 @@ def test_a_rounds_sealed_receipt_keeps_the_golden_key_set_types_and_gate(kind, l
     assert {k: v for k, v in got.items() if v != golden["shape"][k]} == {}
     assert sealed["gate"] == golden["gate"]
     assert out.receipt == {k: v for k, v in sealed.items() if k != "seal"}  # the outcome is the sealed body
+    # tiers scores the parsed Receipt to the verdict the round scored from its typed sections
+    assert verdict_from_receipt(parse_receipt(sealed)).as_dict() == sealed["verdict"]
