@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from pydantic import ValidationError
+
 from .. import environment
 from ..cache import cache_dir as default_cache_dir
 from ..errors import EngineError, InputError, ScoreboardError, TransientError
 from ..history.held import History, load_history
-from pydantic import ValidationError
-
 from ..history.receipt import (FORMAT_VERSION, Aborted, CalibrationRef, EnvironmentRec, FitRec, GateRec, Receipt,
                                ReferenceSide, Retry, Side, SpeedRec, Verdict, WeightsRec, new_round_id, parse_receipt,
                                utc_now, validation_messages)

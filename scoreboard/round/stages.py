@@ -1,7 +1,8 @@
 """The round's stages: preflight (pins, weights, config, fit, builds), the gate, interleaved speed.
 
 Each stage gets what it needs as arguments (the round's fixed `RoundContext`, the preflight's result, the
-arms) and returns the receipt section it produced; `Round` (round/run.py) records the sections.
+arms) and returns the typed receipt section it produced (GateRec, SpeedRec, ...); `Round` (round/run.py) records
+the sections and assembles them into a `Receipt`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from pydantic import ValidationError
 
 from .. import environment, registry
 from ..engine import LogitsRequest
 from ..errors import EngineError, InputError
 from ..gate import GateResult, gate_positions, grade_depth, top1_ok
 from ..history.held import History
-from pydantic import ValidationError
-
 from ..history.receipt import Arm as ArmRec
 from ..history.receipt import (Block, FitRec, FrontierArmRec, GateRec, HandshakeRec, OutputCheck, ReferenceSide,
                                SpeedMetric, SpeedRec, WeightsRec, validation_messages)
