@@ -382,7 +382,7 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         "faults": list(faults),
         "fault_identities": {f: identities[f"fault:{f}"] for f in faults},
         "runs": runs,
-        "environment": rnd.environment(), "commands": rnd.log.commands,
+        "environment": rnd.environment().model_dump(mode="json", by_alias=True, exclude_unset=True), "commands": rnd.log.commands,
         "stage_seconds": stage_seconds,
     }
     record["summary"] = summary(record)

@@ -405,9 +405,9 @@ def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> list[st
         if arm == "reference":
             continue
         check = data.output_check
-        if isinstance(check, Mapping) and check.get("ok") is False:
+        if check is not None and check.ok is False:
             problems.append(f"{name}: the {arm} arm's timed outputs failed their check: "
-                            + "; ".join(map(str, check.get("reasons") or ["recorded as failed"])))
+                            + "; ".join(map(str, check.reasons or ["recorded as failed"])))
         samples = [x for b in data.blocks for x in b.samples_ns]
         why = implausible(ceiling, m.phase, m.n_tokens, samples)
         if why:

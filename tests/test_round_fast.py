@@ -23,10 +23,12 @@ from sandbox_fixtures import git
 from scoreboard import registry
 from scoreboard.engine import EngineTarget, Geometry
 from scoreboard.errors import EngineError, InputError
+from scoreboard.history.receipt import parse_receipt
 from scoreboard.history.verify import verify as verify_all
 from scoreboard.lockfile import load_lock
 from scoreboard.round.launch import run_worker
 from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.tiers import verdict_from_receipt
 from scoreboard.weights.verify import ensure_generated
 from scoreboard.worker.protocol import LogitsOp, LogitsRows
 
@@ -161,3 +163,58 @@ def test_an_engine_injected_as_a_factory_cannot_reach_a_worker(cache):
     with pytest.raises(EngineError, match=r"toy \(logits\) failed: engine 'toy' could not be imported "
                                           r"\(engines\.toy\.engine:ToyEngine\)"):
         run_worker("toy", REPO, target, cache, op, 30, isolation="none")
+
+
+
+SHAPE = REPO / "tests" / "golden" / "toy-round-shape.json"
+
+
+def receipt_shape(obj, path: str = "", out: dict | None = None, types: bool = True) -> dict:
+    """Every key path of a receipt (list items merged under "[]") with the JSON types seen there; under
+    `environment` the paths only (the box's fingerprint values are the box's, not the round's)."""
+    out = {} if out is None else out
+    kind = {dict: "object", list: "array", str: "string", bool: "bool", int: "int", float: "float",
+            type(None): "null"}[type(obj)]
+    out.setdefault(path, set()).add(kind if types else "any")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            receipt_shape(v, f"{path}.{k}" if path else k, out, types and not (path == "" and k == "environment"))
+    elif isinstance(obj, list):
+        for v in obj:
+            receipt_shape(v, f"{path}[]", out, types)
+    return out
+
+
+def pr_commit(repo: Path) -> str:
+    """A PR commit on a branch of the toy candidate's repository (the same engine: its round has a main arm)."""
+    (repo / "engines" / "toy" / "NOTE").write_text("a PR\n")
+    git(repo, "checkout", "-q", "-b", "pr")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a PR")
+    sha = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "main")
+    return sha
+
+
+def sealed_round(kind: str, lock: Path, repo: Path, cache: Path, tmp_path: Path):
+    """A toy round of `kind` ("main": a BASELINE; "pr": a PR against main in the same round), and its sealed file."""
+    out = _round(lock, repo, cache, tmp_path, **({"candidate": pr_commit(repo)} if kind == "pr" else {}))
+    assert out.path is not None, out.receipt["aborted"]
+    return out, json.loads(out.path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("kind", ["main", "pr"])
+def test_a_rounds_sealed_receipt_keeps_the_golden_key_set_types_and_gate(kind, lock, candidate_repo, cache, tmp_path):
+    """The sealed file of a toy round against one the round wrote before its sections were typed: the same
+    key paths with the same JSON types and, with the seed and the engines fixed, the same gate section."""
+    out, sealed = sealed_round(kind, lock, candidate_repo, cache, tmp_path)
+    golden = json.loads(SHAPE.read_text(encoding="utf-8"))[kind]
+    got = {k: sorted(v) for k, v in receipt_shape(sealed).items()}
+    missing = sorted(set(golden["shape"]) - set(got))
+    extra = sorted(set(got) - set(golden["shape"]))
+    assert not missing and not extra, (missing, extra)
+    assert {k: v for k, v in got.items() if v != golden["shape"][k]} == {}
+    assert sealed["gate"] == golden["gate"]
+    assert out.receipt == {k: v for k, v in sealed.items() if k != "seal"}  # the outcome is the sealed body
+    # tiers scores the parsed Receipt to the verdict the round scored from its typed sections
+    assert verdict_from_receipt(parse_receipt(sealed)).as_dict() == sealed["verdict"]

@@ -127,15 +127,24 @@ class EnvironmentRec(_Open):
 
 
 class GateRec(_Open):
+    """The gate section (round.stages.GateStage.judge): every depth graded, then each variant's checked output."""
+
     depths: list[dict[str, Any]]  # per depth {depth, rows, kl_mean, kl_p99, kl_max, top1, ..., pass}
     pass_: bool = Field(alias="pass")
     flagged: bool = False
     reasons: list[str]
+    worst: dict[str, Any] | None = None  # the worst kl_mean, kl_p99, kl_max (nats) and top1 over the depths
+    prompt: dict[str, Any] | None = None  # the drawn prompt (round.prompt.Prompt.describe)
+    ratchet_round: str | None = None  # the sealed round whose KL per depth the ratchet compared with
+    geometry: dict[str, int] | None = None  # the reference's geometry for the gate rows
     # what the timed reps must reproduce, per "<phase>@<depth>": {"outputs": [token ids per variant]}
     checked: dict[str, Any] | None = None
     greedy: dict[str, Any] | None = None  # receipts before per-variant reveals: one checked decode per key
     greedy_check: list[dict[str, Any]] | None = None  # per checked decode {metric, top1_vs_reference, ...}
-    _OPTIONAL_KEYS = frozenset({"checked", "greedy", "greedy_check"})
+    prefill_check: list[dict[str, Any]] | None = None  # per prefill variant {metric, token, reference_token, ...}
+    checked_distinct: dict[str, int] | None = None  # per metric: how many variants' outputs differ
+    _OPTIONAL_KEYS = frozenset({"worst", "prompt", "ratchet_round", "geometry", "checked", "greedy", "greedy_check",
+                                "prefill_check", "checked_distinct"})
 
 
 class Block(_Open):
@@ -146,7 +155,9 @@ class Block(_Open):
     command: list[str]
     token_ids: list[list[int]] | None = None  # candidate/main only: tokens generated per rep
     variants: list[Any] | None = None  # per rep: the index of the prompt variant it ran
-    _OPTIONAL_KEYS = frozenset({"variants"})
+    worker_ns: list[Any] | None = None  # per rep: the worker's own reading (ns), beside the harness's
+    clock: str | None = None  # "harness" (the parent's clock around the handshake) | "reference-tool"
+    _OPTIONAL_KEYS = frozenset({"variants", "worker_ns", "clock"})
 
     @model_validator(mode="after")
     def _samples(self) -> "Block":
@@ -158,10 +169,20 @@ class Block(_Open):
         return self
 
 
+class OutputCheck(_Open):
+    """A same-round arm's timed outputs checked (one output per variant, each passing the reference)."""
+
+    ok: bool
+    reasons: list[str]
+    graded_by_reference: int | None = None  # outputs unlike the candidate's, graded against the reference
+    _OPTIONAL_KEYS = frozenset({"graded_by_reference"})
+
+
 class Arm(_Open):
     blocks: list[Block] = Field(min_length=1)
-    output_check: dict[str, Any] | None = None  # a same-round arm's timed outputs checked {ok, reasons}
-    _OPTIONAL_KEYS = frozenset({"output_check"})
+    output_check: OutputCheck | None = None
+    implausible: str | None = None  # why its fastest reps are above the physical ceiling
+    _OPTIONAL_KEYS = frozenset({"output_check", "implausible"})
 
 
 class SpeedMetric(_Open):
@@ -173,7 +194,8 @@ class SpeedMetric(_Open):
     arms: dict[str, Arm]
     timed_output_ok: bool
     frontier: float | int | None = None  # tok/s: the candidate slot as read at round start (int kept as written)
-    _OPTIONAL_KEYS = frozenset({"frontier"})
+    plausible: bool | None = None  # no candidate-side arm above the physical ceiling
+    _OPTIONAL_KEYS = frozenset({"frontier", "plausible"})
 
     @field_validator("arms")
     @classmethod
@@ -187,12 +209,40 @@ class SpeedMetric(_Open):
         return v
 
 
+class HandshakeRec(_Open):
+    """speed.handshake: the harness's null engine through the same launch and handshake (what a rep costs)."""
+
+    engine: str
+    metric: str
+    reps: int
+    round_trip_ns: list[int]  # per rep
+    median_ns: int
+    max_ns: int
+    wall_ns: int  # the launch's wall clock
+
+
+class FrontierArmRec(_Open):
+    """speed.frontier_arm: a main round's re-measured frontier commit and the slot it set."""
+
+    commit: str
+    slot: str
+    slot_value: float | int  # tok/s as sealed
+    round_id: str
+
+
 class SpeedRec(_Open):
     schedule: list[list[str]]  # per block, the arm order actually run
     metrics: list[SpeedMetric] = Field(min_length=1)
     ceiling: dict[str, Any] | None = None  # the physical ceiling the samples are checked against
     blocks: int | None = None  # interleaved blocks run
-    _OPTIONAL_KEYS = frozenset({"ceiling", "blocks"})
+    reps: int | None = None  # timed reps per block
+    warmup_reps: int | None = None  # discarded reps at the start of every launch
+    clock: str | None = None  # "parent-handshake"
+    n_variants: int | None = None  # secret variants per metric
+    handshake: HandshakeRec | None = None
+    frontier_arm: FrontierArmRec | None = None
+    _OPTIONAL_KEYS = frozenset({"ceiling", "blocks", "reps", "warmup_reps", "clock", "n_variants", "handshake",
+                                "frontier_arm"})
 
     @model_validator(mode="after")
     def _one_scored(self) -> "SpeedRec":

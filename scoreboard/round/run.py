@@ -14,14 +14,17 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
+
+from pydantic import ValidationError
 
 from .. import environment
 from ..cache import cache_dir as default_cache_dir
 from ..errors import EngineError, InputError, ScoreboardError, TransientError
 from ..history.held import History, load_history
-from ..history.receipt import (FORMAT_VERSION, Aborted, FitRec, Receipt, ReferenceSide, Retry, Side, WeightsRec,
-                               new_round_id, parse_receipt, utc_now)
+from ..history.receipt import (FORMAT_VERSION, Aborted, CalibrationRef, EnvironmentRec, FitRec, GateRec, Receipt,
+                               ReferenceSide, Retry, Side, SpeedRec, Verdict, WeightsRec, new_round_id, parse_receipt,
+                               utc_now, validation_messages)
 from ..lockfile import Lock, Target, lock_digest, load_lock
 from . import candidate as cand_mod
 from . import ready, sandbox
@@ -85,7 +88,7 @@ class UnsealedReceipt(ScoreboardError):
 
 @dataclass
 class RoundOutcome:
-    receipt: dict[str, Any]  # the receipt's JSON, as sealed (or as it stands when nothing was sealed)
+    receipt: dict[str, Any]  # the receipt's JSON: the sealed body, seal aside (or as it stands when nothing was sealed)
     path: Path | None
     exit_code: int
     frontier_change: Any = None
@@ -119,13 +122,14 @@ class Sources:
         return out
 
 
-def _json(model: Any) -> Any:
-    return None if model is None else model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+def receipt_json(receipt: Receipt) -> dict[str, Any]:
+    """The receipt's JSON: every key a section was given, and no other (the form that is sealed)."""
+    return receipt.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 class Round:
-    """One round while it runs: the fixed context the stages get, and the receipt's sections as the stages
-    return them; `assemble` builds the receipt from those sections."""
+    """One round while it runs: the fixed context the stages get, and the receipt's typed sections as the
+    stages return them; `assemble` builds the `Receipt` from those sections."""
 
     def __init__(self, opts: RoundOptions, lock: Lock, report: Report, scratch: Path, sources: Sources,
                  history: History | None = None):
@@ -150,8 +154,8 @@ class Round:
         self.pre: Preflight | None = None
         self.arms: list[Arm] = []  # the reference, the candidate, then main or frontier: set up after preflight
         # the receipt's sections
-        self.status: str = "verdict"
-        self.calibration: dict[str, Any] | None = None
+        self.status: Literal["verdict", "aborted"] = "verdict"
+        self.calibration: CalibrationRef | None = None
         self.fingerprint: dict[str, Any] | None = None  # environment: the box (scoreboard.environment)
         self.isolation: dict[str, Any] | None = None  # environment.isolation
         self.fit: FitRec | None = None  # environment.fit
@@ -159,9 +163,9 @@ class Round:
         self.reference: ReferenceSide | None = None
         self.candidate: Side | None = None
         self.main: Side | None = None
-        self.gate: dict[str, Any] | None = None  # GateRec's JSON
-        self.speed: dict[str, Any] | None = None  # SpeedRec's JSON
-        self.verdict: dict[str, Any] | None = None  # tiers.Verdict.as_dict()
+        self.gate: GateRec | None = None
+        self.speed: SpeedRec | None = None
+        self.verdict: Verdict | None = None
         self.aborted: Aborted | None = None
         self.retries: list[Retry] = []
         self.stage_seconds: dict[str, float] = {}
@@ -200,36 +204,45 @@ class Round:
     def arm(self, name: str) -> Arm | None:
         return next((a for a in self.arms if a.name == name), None)
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> EnvironmentRec:
         """The environment section: the fingerprint and what the round observed about the box."""
-        env = dict(self.fingerprint or {})
+        env: dict[str, Any] = dict(self.fingerprint or {})
         if self.isolation is not None:
             env["isolation"] = dict(self.isolation)
             if self.log.binds is not None and "binds" not in env["isolation"]:
                 env["isolation"]["binds"] = self.log.binds
         if self.fit is not None:
-            env["fit"] = _json(self.fit)
+            env["fit"] = self.fit
         if self.log.ranks is not None:
             env["ranks"] = self.log.ranks
             env["rank_problems"] = self.log.rank_problems
         peaks = self.log.peak_memory()
         if peaks is not None:
-            env["peak_memory"] = [_json(p) for p in peaks]
-        return env
+            env["peak_memory"] = peaks
+        return EnvironmentRec.model_validate(env)
 
-    def assemble(self) -> dict[str, Any]:
-        """The receipt's JSON from the sections recorded so far (docs/receipt-format.md)."""
-        r = {"format_version": FORMAT_VERSION, "round_id": self.round_id, "created_at": self.created_at,
-             "status": self.status, "target": self.opts.target, "lock_sha256": self.lock_sha256,
-             "lock_target": self.target.model_dump(mode="json", by_alias=True),
-             "candidate": _json(self.candidate), "main": _json(self.main), "reference": _json(self.reference),
-             "weights": _json(self.weights), "environment": self.environment(), "seed": self.seed,
-             "geometry": dict(self.target.geometry), "gate": self.gate, "speed": self.speed, "verdict": self.verdict,
-             "aborted": _json(self.aborted), "retries": [_json(x) for x in self.retries],
-             "commands": self.log.commands, "stage_seconds": self.stage_seconds, "provenance": self.provenance}
+    def sections(self) -> dict[str, Any]:
+        """The receipt's sections recorded so far, by field name (a section not yet known is absent or None)."""
+        out: dict[str, Any] = {
+            "format_version": FORMAT_VERSION, "round_id": self.round_id, "created_at": self.created_at,
+            "status": self.status, "target": self.opts.target, "lock_sha256": self.lock_sha256,
+            "lock_target": self.target.model_dump(mode="json", by_alias=True), "candidate": self.candidate,
+            "main": self.main, "reference": self.reference, "weights": self.weights, "environment": self.environment(),
+            "seed": self.seed, "geometry": dict(self.target.geometry), "gate": self.gate, "speed": self.speed,
+            "verdict": self.verdict, "aborted": self.aborted, "retries": list(self.retries),
+            "commands": self.log.commands, "stage_seconds": self.stage_seconds, "provenance": self.provenance}
         if self.calibration is not None:
-            r["calibration"] = self.calibration
-        return r
+            out["calibration"] = self.calibration
+        return out
+
+    def assemble(self) -> Receipt:
+        """The receipt from the sections recorded so far, validated (docs/receipt-format.md)."""
+        return Receipt(**self.sections())
+
+    def draft(self) -> dict[str, Any]:
+        """The receipt's JSON as it stands, unvalidated: a round stopped before its verdict (gate_only), or
+        one whose sections do not form a valid receipt (kept for inspection, never sealed)."""
+        return receipt_json(Receipt.model_construct(**self.sections()))
 
     @property
     def target_id(self) -> str:
@@ -286,7 +299,7 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     frontier_src, frontier_note = _frontier_source(history, opts, scratch) if src.is_main else (None, None)
     rnd = Round(opts, lock, report, scratch, Sources(src, main_src, frontier_src), history)
-    rnd.calibration = calibration
+    rnd.calibration = CalibrationRef.model_validate(calibration)
     rnd.provenance["ready"] = ready_record
     if frontier_note:
         rnd.provenance["frontier_arm"] = frontier_note
@@ -303,8 +316,8 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
         rnd.stage("gate", lambda: _gate(rnd, gate))
         assert rnd.gate is not None
         if opts.gate_only:
-            return RoundOutcome(rnd.assemble(), None, 0 if rnd.gate["pass"] else 2)
-        if rnd.gate["pass"]:
+            return RoundOutcome(rnd.draft(), None, 0 if rnd.gate.pass_ else 2)
+        if rnd.gate.pass_:
             rnd.stage("speed", lambda: _speed(rnd, gate))
         rnd.stage("verdict", lambda: _verdict(rnd))
     except _Abort as ab:
@@ -403,7 +416,7 @@ def _speed(rnd: Round, gate: GateStage) -> None:
     assert rnd.pre is not None and rnd.history is not None
     stage = SpeedStage(rnd.ctx, rnd.pre, rnd.arms, gate, rnd.history)
     rnd.speed = stage.measure()  # measured: recorded before any check below can fail
-    stage.check(rnd.speed)
+    rnd.speed = stage.check(rnd.speed)
 
 
 def _frontier_source(history: History, opts: RoundOptions,
@@ -451,9 +464,11 @@ def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:
 
 
 def _verdict(rnd: Round) -> None:
-    from ..tiers import verdict_from_receipt
+    from ..tiers import Scoring, verdict_from_scoring
 
-    rnd.verdict = verdict_from_receipt(rnd.assemble(), rnd.target).as_dict()
+    assert rnd.candidate is not None  # recorded by the gate stage
+    v = verdict_from_scoring(Scoring(rnd.gate, rnd.speed, rnd.seed, rnd.candidate.is_main), rnd.target)
+    rnd.verdict = Verdict.model_validate(v.as_dict())  # the receipt writes every verdict field, defaults included
 
 
 def _mark_aborted(rnd: Round, stage: str, exc: ScoreboardError) -> None:
@@ -486,10 +501,11 @@ def _finish(rnd: Round) -> RoundOutcome:
     weights_pinned = bool(rnd.weights and rnd.weights.fully_pinned)
     if rnd.opts.seal and not weights_pinned and rnd.status == "verdict":
         rnd.provenance["unsealable"] = "weights not fully pinned: the round ran but cannot seal"
-    r = rnd.assemble()
+    receipt = _validated(rnd)
+    r = receipt_json(receipt)
     # An aborted round is sealed too, but never on weights that cannot seal (check_inputs refuses those)
     if rnd.opts.seal and rnd.lock.weights[rnd.target.weights].fully_pinned and \
-            (weights_pinned or r["status"] == "aborted"):
+            (weights_pinned or receipt.status == "aborted"):
         rnd.report("stage", name="seal")  # the seal cannot time itself inside the bytes it seals
         try:
             if rnd.history is not None:
@@ -500,14 +516,25 @@ def _finish(rnd: Round) -> RoundOutcome:
             cause = exc.message if isinstance(exc, ScoreboardError) else f"{type(exc).__name__}: {exc}"
             raise UnsealedReceipt(f"sealing failed: {cause}; the complete unsealed receipt is saved at {saved}",
                                   saved, getattr(exc, "hint", None)) from exc
-        if r["status"] == "verdict" and r["candidate"]["is_main"] and rnd.opts.update_frontier:
+        if receipt.status == "verdict" and receipt.candidate.is_main and rnd.opts.update_frontier:
             from ..history.frontier import raise_frontier
 
             change = raise_frontier(rnd.opts.lock_path, path, rnd.opts.rounds_dir)
-    return RoundOutcome(r, path, _exit_code(r), change)
+    return RoundOutcome(r, path, _exit_code(receipt), change)
 
 
-def _exit_code(r: dict[str, Any]) -> int:
-    if r["status"] == "aborted":
+def _validated(rnd: Round) -> Receipt:
+    """The round's Receipt; sections that do not form a valid one are saved unsealed and named."""
+    try:
+        return rnd.assemble()
+    except ValidationError as exc:
+        saved = ready.save_unsealed(rnd.draft(), rnd.opts.rounds_dir, rnd.opts.cache_dir)
+        problems = validation_messages(exc)
+        raise UnsealedReceipt(f"the round's receipt is not valid ({len(problems)} problem(s): {'; '.join(problems)}); "
+                              f"the unsealed receipt is saved at {saved}", saved) from None
+
+
+def _exit_code(r: Receipt) -> int:
+    if r.status == "aborted" or r.verdict is None:
         return 1
-    return 2 if r["verdict"]["label"] == "REJECT" else 0
+    return 2 if r.verdict.label == "REJECT" else 0

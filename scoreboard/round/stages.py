@@ -1,7 +1,8 @@
 """The round's stages: preflight (pins, weights, config, fit, builds), the gate, interleaved speed.
 
 Each stage gets what it needs as arguments (the round's fixed `RoundContext`, the preflight's result, the
-arms) and returns the receipt section it produced; `Round` (round/run.py) records the sections.
+arms) and returns the typed receipt section it produced (GateRec, SpeedRec, ...); `Round` (round/run.py) records
+the sections and assembles them into a `Receipt`.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from pydantic import ValidationError
 
 from .. import environment, registry
 from ..engine import LogitsRequest
 from ..errors import EngineError, InputError
 from ..gate import GateResult, gate_positions, grade_depth, top1_ok
 from ..history.held import History
-from ..history.receipt import FitRec, ReferenceSide, WeightsRec
+from ..history.receipt import Arm as ArmRec
+from ..history.receipt import (Block, FitRec, FrontierArmRec, GateRec, HandshakeRec, OutputCheck, ReferenceSide,
+                               SpeedMetric, SpeedRec, WeightsRec, validation_messages)
 from .arms import Arm, reference_arm
 from .candidate import CandidateSource
 from .clock import SessionPlan, run_session
@@ -208,7 +212,7 @@ class GateStage:
         return ref, res
 
     def judge(self, ref: Any, res: WorkerResult, baselines: dict[int, float],
-              ratchet_round: str | None) -> dict[str, Any]:
+              ratchet_round: str | None) -> GateRec:
         """The gate section: every depth graded (bars and ratchet), then each variant's checked output."""
         pol = self.ctx.target.gate
         per_depth, positions, _ids = self.rows(self.prompt)
@@ -216,10 +220,6 @@ class GateStage:
             raise EngineError("the gate worker returned no logits file")
         cand = np.load(res.logits[0].path)
         result = self.grade(per_depth, positions, ref.logits, cand, baselines)
-        gate = result.as_dict()
-        gate["prompt"] = self.prompt.describe()
-        gate["ratchet_round"] = ratchet_round
-        gate["geometry"] = ref.geometry.as_dict()
         # the checked outputs, one per secret variant, graded against the reference; every timed rep must
         # reproduce its variant's
         self.ctx.report("step", message="checked outputs against the reference (each timed rep must reproduce "
@@ -227,7 +227,10 @@ class GateStage:
         outputs = res.checked
         if not isinstance(outputs, list) or len(outputs) != len(self.variants):
             raise EngineError("the gate worker returned no checked outputs for the metrics' variants")
-        gate["checked"], gate["greedy_check"], gate["prefill_check"] = {}, [], []
+        checked: dict[str, Any] = {}
+        greedy_check: list[dict[str, Any]] = []
+        prefill_check: list[dict[str, Any]] = []
+        failed: list[str] = []
         for var, outs in zip(self.variants, outputs):
             w = var.workload
             if len(outs) != len(var.reveals) or any(len(o) != w.output_len for o in outs):
@@ -235,34 +238,50 @@ class GateStage:
                                   f"the contract wants {w.output_len} for each of {len(var.reveals)}",
                                   "decode returns n_tokens ids, prefill one (the next token)")
             self.checked[var.key] = [list(map(int, o)) for o in outs]
-            gate["checked"][var.key] = {**var.describe(), "outputs": self.checked[var.key]}
+            checked[var.key] = {**var.describe(), "outputs": self.checked[var.key]}
             if w.phase == "decode":
-                agrees = [self.greedy_agreement(var, v, o) for v, o in enumerate(outs)]
-                for v, (o, agree) in enumerate(zip(outs, agrees)):
-                    ok = top1_ok(agree, pol)
-                    self.graded[(var.key, v, tuple(o))] = ok
-                    gate["greedy_check"].append({"metric": var.key, "variant": v, "top1_vs_reference": agree,
-                                                 "pass": ok})
-                    if not ok:
-                        gate["pass"] = False
-                        gate["reasons"].append(f"{var.key} variant {v}: the decode path's greedy tokens agree with "
-                                               f"the reference's argmax on only {agree:.3f} of positions < top1_min "
-                                               f"{pol.top1_min}")
+                rows, why = self.judge_decode(var, outs, pol)
+                greedy_check += rows
             else:
-                self.ref_next[var.key] = [self.reference_next(var, v) for v in range(len(var.reveals))]
-                hits = [o[0] == want for o, want in zip(outs, self.ref_next[var.key])]
-                for v, (o, hit) in enumerate(zip(outs, hits)):
-                    self.graded[(var.key, v, tuple(o))] = hit
-                    gate["prefill_check"].append({"metric": var.key, "variant": v, "token": o[0],
-                                                  "reference_token": self.ref_next[var.key][v], "pass": hit})
-                frac = float(np.mean(hits))
-                if not top1_ok(frac, pol):
-                    gate["pass"] = False
-                    gate["reasons"].append(f"{var.key}: the prefill path's next token matches the reference's argmax "
-                                           f"on {frac:.3f} of variants < top1_min {pol.top1_min}")
-        distinct = {k: len({tuple(o) for o in outs}) for k, outs in self.checked.items()}
-        gate["checked_distinct"] = distinct  # variants whose outputs coincide could be answered by a replay
-        return gate
+                rows, why = self.judge_prefill(var, outs, pol)
+                prefill_check += rows
+            failed += why
+        d = result.as_dict()
+        return GateRec.model_validate({
+            "depths": d["depths"], "worst": d["worst"], "pass": d["pass"] and not failed, "flagged": d["flagged"],
+            "reasons": d["reasons"] + failed, "prompt": self.prompt.describe(), "ratchet_round": ratchet_round,
+            "geometry": ref.geometry.as_dict(), "checked": checked, "greedy_check": greedy_check,
+            "prefill_check": prefill_check,
+            # variants whose outputs coincide could be answered by a replay
+            "checked_distinct": {k: len({tuple(o) for o in outs}) for k, outs in self.checked.items()}})
+
+    def judge_decode(self, var: Variants, outs: list[list[int]], pol: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        """Each decode variant's greedy tokens teacher-forced through the reference: (rows, failure reasons)."""
+        rows, failed = [], []
+        for v, o in enumerate(outs):
+            agree = self.greedy_agreement(var, v, o)
+            ok = top1_ok(agree, pol)
+            self.graded[(var.key, v, tuple(o))] = ok
+            rows.append({"metric": var.key, "variant": v, "top1_vs_reference": agree, "pass": ok})
+            if not ok:
+                failed.append(f"{var.key} variant {v}: the decode path's greedy tokens agree with the reference's "
+                              f"argmax on only {agree:.3f} of positions < top1_min {pol.top1_min}")
+        return rows, failed
+
+    def judge_prefill(self, var: Variants, outs: list[list[int]], pol: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        """Each prefill variant's next token against the reference's: (rows, failure reasons)."""
+        self.ref_next[var.key] = [self.reference_next(var, v) for v in range(len(var.reveals))]
+        hits = [o[0] == want for o, want in zip(outs, self.ref_next[var.key])]
+        rows = []
+        for v, (o, hit) in enumerate(zip(outs, hits)):
+            self.graded[(var.key, v, tuple(o))] = hit
+            rows.append({"metric": var.key, "variant": v, "token": o[0], "reference_token": self.ref_next[var.key][v],
+                         "pass": hit})
+        frac = float(np.mean(hits))
+        if top1_ok(frac, pol):
+            return rows, []
+        return rows, [f"{var.key}: the prefill path's next token matches the reference's argmax on {frac:.3f} of "
+                      f"variants < top1_min {pol.top1_min}"]
 
     def greedy_agreement(self, var: Variants, v: int, toks: list[int]) -> float:
         """Teacher-force variant v's greedy tokens through the reference: fraction of argmax matches."""
@@ -320,12 +339,22 @@ def gate_op(ids: tuple[int, ...], positions: list[int], variants: list[Variants]
                   checked=tuple(CheckedRun.of(v.workload, v.reveals) for v in variants))
 
 
-def implausible_arm(ceiling: dict[str, Any] | None, entry: dict[str, Any], arm: str) -> str | None:
+def implausible_arm(ceiling: dict[str, Any] | None, entry: SpeedMetric, arm: str) -> str | None:
     """Why an arm's fastest timed rep of this metric is above the physical ceiling (None: it is not)."""
     from ..ceiling import implausible
 
-    samples = [x for b in entry["arms"][arm]["blocks"] for x in b.get("samples_ns", [])]
-    return implausible(ceiling, entry["phase"], int(entry["n_tokens"]), samples)
+    samples = [x for b in entry.arms[arm].blocks for x in b.samples_ns]
+    return implausible(ceiling, entry.phase, entry.n_tokens, samples)
+
+
+def block_rec(rec: Mapping[str, Any], arm: str, metric: str) -> Block:
+    """One block's record as the receipt's typed model (EngineError naming what is malformed)."""
+    try:
+        return Block.model_validate(rec)
+    except ValidationError as exc:
+        where = f"speed {metric} arm {arm} block {rec.get('block')}"
+        raise EngineError(f"{where}: " + "; ".join(validation_messages(exc)),
+                          "every timed rep needs a positive duration and token count") from None
 
 
 class SpeedStage:
@@ -349,94 +378,104 @@ class SpeedStage:
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
 
-    def measure(self) -> dict[str, Any]:
+    def measure(self) -> SpeedRec:
         """The speed section: every arm's blocks of every metric, in the balanced schedule's order."""
         ctx, t = self.ctx, self.ctx.target
         if self.blocks < 2:
             raise InputError(f"--blocks {self.blocks}: at least 2 blocks are needed for a paired CI")
         variants = self.gate.variants
         schedule = balanced_schedule(self.names, self.blocks, ctx.seed)
-        metrics: list[dict[str, Any]] = []
-        for m in t.metrics:
-            slot = t.slot(t.candidate_engine, m)
-            s = self.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt
-            metrics.append({"phase": m.phase, "depth": m.depth, "n_tokens": m.n_tokens, "role": m.role,
-                            "slot": slot, "frontier": s.value if s else 0.0,
-                            "arms": {a: {"blocks": []} for a in self.names}, "timed_output_ok": True})
-        speed = {"schedule": schedule, "metrics": metrics, "blocks": self.blocks, "reps": self.reps,
-                 "warmup_reps": t.speed.warmup_reps, "clock": "parent-handshake", "n_variants": self.gate.n_variants,
-                 "handshake": None, "ceiling": self.pre.ceiling}
         ctx.report("step", message=f"handshake cost: the harness's null engine, {self.gate.n_variants} reps")
-        speed["handshake"] = self.null_handshake()
+        handshake = self.null_handshake()
         ctx.report("step", message=f"warm-up: one discarded pass of {', '.join(self.names)}")
         for arm in self.arms:
             arm.blocks(variants, 1, None)
+        runs: list[dict[str, list[Block]]] = [{a: [] for a in self.names} for _ in t.metrics]  # metric -> arm
         total = len(schedule) * len(self.arms)
         done = 0
         for b, order in enumerate(schedule):
             for name in order:
                 ctx.report("progress", task="speed blocks", done=done, total=total, message=f"block {b}: {name}")
-                for entry, rec in zip(metrics, self.arm(name).blocks(variants, self.reps, b)):
-                    entry["arms"][name]["blocks"].append(rec)
+                for per_arm, var, rec in zip(runs, variants, self.arm(name).blocks(variants, self.reps, b)):
+                    per_arm[name].append(block_rec(rec, name, var.key))
                 done += 1
         ctx.report("progress", task="speed blocks", done=total, total=total, message="done")
+        extra: dict[str, Any] = {}
         fs = self.history.scored_frontier
         frontier = next((a for a in self.arms if a.name == "frontier"), None)
         if frontier is not None and frontier.source is not None and fs is not None:
-            speed["frontier_arm"] = {"commit": frontier.source.commit, "slot": fs.slot, "slot_value": fs.value,
-                                     "round_id": fs.round_id}
-        return speed
+            extra["frontier_arm"] = FrontierArmRec(commit=frontier.source.commit, slot=fs.slot, slot_value=fs.value,
+                                                   round_id=fs.round_id)
+        return SpeedRec(schedule=schedule, metrics=[self.metric_rec(m, per_arm) for m, per_arm in zip(t.metrics, runs)],
+                        blocks=self.blocks, reps=self.reps, warmup_reps=t.speed.warmup_reps, clock="parent-handshake",
+                        n_variants=self.gate.n_variants, handshake=handshake, ceiling=self.pre.ceiling, **extra)
 
-    def check(self, speed: dict[str, Any]) -> None:
-        """The measured section's outputs checked (check_outputs) and every candidate-side arm's fastest reps
-        against the physical ceiling; recorded in the section's metric entries."""
-        metrics = speed["metrics"]
-        self.check_outputs(metrics, self.gate.variants)
-        for entry in metrics:
+    def metric_rec(self, m: Any, per_arm: dict[str, list[Block]]) -> SpeedMetric:
+        """One metric's entry: its slot, the frontier read at preflight, every arm's blocks (outputs unchecked)."""
+        t = self.ctx.target
+        slot = t.slot(t.candidate_engine, m)
+        s = self.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt
+        return SpeedMetric(phase=m.phase, depth=m.depth, n_tokens=m.n_tokens, role=m.role, slot=slot,
+                           frontier=s.value if s else 0.0, arms={a: ArmRec(blocks=bs) for a, bs in per_arm.items()},
+                           timed_output_ok=True)
+
+    def check(self, speed: SpeedRec) -> SpeedRec:
+        """The measured section with its checks recorded: the timed outputs (check_outputs) and every
+        candidate-side arm's fastest reps against the physical ceiling."""
+        metrics = []
+        for entry, var in zip(speed.metrics, self.gate.variants):
+            arms, timed_ok = self.check_outputs(entry, var)
             reasons = []
             for arm in self.arms:
                 if arm.is_reference:
                     continue
                 why = implausible_arm(self.pre.ceiling, entry, arm.name)
                 if why:
-                    entry["arms"][arm.name]["implausible"] = why
+                    arms[arm.name] = arms[arm.name].model_copy(update={"implausible": why})
                     reasons.append(f"{arm.name}: {why}")
-            entry["plausible"] = not reasons
+            metrics.append(entry.model_copy(update={"arms": arms, "timed_output_ok": timed_ok,
+                                                    "plausible": not reasons}))
+        return speed.model_copy(update={"metrics": metrics})
 
-    def check_outputs(self, metrics: list[dict[str, Any]], variants: list[Variants]) -> None:
-        """The candidate's timed outputs must equal the gate's checked output of each rep's variant. Another
-        harness-clocked arm (main, frontier: other commits, not graded by this round's gate) must give one
-        output per variant in every block, and that output must pass the reference the way the gate grades
-        the candidate's (teacher-forced top-1 for decode, the reference's next token for prefill; an output
-        equal to the candidate's already-graded one is not graded again)."""
-        for entry, var in zip(metrics, variants):
-            want = self.gate.checked[var.key]
-            for arm in self.arms:
-                if arm.is_reference:
-                    continue
-                blocks = entry["arms"][arm.name]["blocks"]
-                if arm.name == "candidate":
-                    entry["timed_output_ok"] = all(ids == want[v] for b in blocks
-                                                   for v, ids in zip(b["variants"], b["token_ids"]))
-                    continue
-                seen: dict[int, set[tuple[int, ...]]] = {}
-                for b in blocks:
-                    for v, ids in zip(b["variants"], b["token_ids"]):
-                        seen.setdefault(v, set()).add(tuple(ids))
-                reasons = [f"variant {v} gave {len(outs)} different outputs across blocks"
-                           for v, outs in sorted(seen.items()) if len(outs) > 1]
-                graded = 0
-                for v, outs in sorted(seen.items()):
-                    if len(outs) != 1:
-                        continue
-                    out = list(next(iter(outs)))
-                    graded += out != want[v]
-                    if not self.gate.grade_output(var, v, out):
-                        reasons.append(f"variant {v}: the timed output fails the reference check")
-                entry["arms"][arm.name]["output_check"] = {"ok": not reasons, "reasons": reasons,
-                                                           "graded_by_reference": graded}
+    def check_outputs(self, entry: SpeedMetric, var: Variants) -> tuple[dict[str, ArmRec], bool]:
+        """(the metric's arms with their output checks, whether the candidate's timed outputs equal the gate's
+        checked output of each rep's variant). Another harness-clocked arm (main, frontier: other commits, not
+        graded by this round's gate) must give one output per variant in every block, and that output must
+        pass the reference the way the gate grades the candidate's (teacher-forced top-1 for decode, the
+        reference's next token for prefill; an output equal to the candidate's already-graded one is not
+        graded again)."""
+        want = self.gate.checked[var.key]
+        arms = dict(entry.arms)
+        timed_ok = entry.timed_output_ok
+        for arm in self.arms:
+            if arm.is_reference:
+                continue
+            blocks = entry.arms[arm.name].blocks
+            if arm.name == "candidate":
+                timed_ok = all(ids == want[v] for b in blocks for v, ids in zip(b.variants or [], b.token_ids or []))
+                continue
+            arms[arm.name] = arms[arm.name].model_copy(update={"output_check": self.output_check(blocks, var, want)})
+        return arms, timed_ok
 
-    def null_handshake(self) -> dict[str, Any]:
+    def output_check(self, blocks: list[Block], var: Variants, want: list[list[int]]) -> OutputCheck:
+        """A same-round arm's timed outputs: one per variant across its blocks, each passing the reference."""
+        seen: dict[int, set[tuple[int, ...]]] = {}
+        for b in blocks:
+            for v, ids in zip(b.variants or [], b.token_ids or []):
+                seen.setdefault(v, set()).add(tuple(ids))
+        reasons = [f"variant {v} gave {len(outs)} different outputs across blocks"
+                   for v, outs in sorted(seen.items()) if len(outs) > 1]
+        graded = 0
+        for v, outs in sorted(seen.items()):
+            if len(outs) != 1:
+                continue
+            out = list(next(iter(outs)))
+            graded += out != want[v]
+            if not self.gate.grade_output(var, v, out):
+                reasons.append(f"variant {v}: the timed output fails the reference check")
+        return OutputCheck(ok=not reasons, reasons=reasons, graded_by_reference=graded)
+
+    def null_handshake(self) -> HandshakeRec:
         """The harness's null engine through the same launch and handshake: what a rep costs with no work."""
         from ..worker.nullengine import NAME, expected_output
 
@@ -453,6 +492,7 @@ class SpeedStage:
         if bad:
             raise EngineError(f"the harness's null engine answered variants {bad} wrongly", "report this harness bug")
         ns = sorted(x.ns for x in reps)
-        return {"engine": NAME, "metric": var.key, "reps": len(ns), "round_trip_ns": [x.ns for x in reps],
-                "median_ns": int(ns[len(ns) // 2]) if len(ns) % 2 else int((ns[len(ns) // 2 - 1] + ns[len(ns) // 2]) // 2),
-                "max_ns": int(ns[-1]), "wall_ns": run.wall_ns}
+        mid = len(ns) // 2
+        return HandshakeRec(engine=NAME, metric=var.key, reps=len(ns), round_trip_ns=[x.ns for x in reps],
+                            median_ns=int(ns[mid]) if len(ns) % 2 else int((ns[mid - 1] + ns[mid]) // 2),
+                            max_ns=int(ns[-1]), wall_ns=run.wall_ns)
