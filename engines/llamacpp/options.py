@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 SPLIT_MODES = ("none", "layer", "row")  # llama.cpp's -sm
 FLASH_ATTN = (1, 0, -1)  # llama.cpp's -fa: on, off, auto
@@ -39,18 +39,13 @@ class Options(LockOptions):
     pip_args: tuple[str, ...] | None = None  # for the sdist download; None: $SCOREBOARD_PIP_ARGS
     reference_source: str | None = None  # a transport for the pinned source; None: $SCOREBOARD_REFERENCE_SOURCE
 
-    @field_validator("flash_attn")
+    @field_validator("flash_attn", "split_mode")
     @classmethod
-    def _fa(cls, v: int) -> int:
-        if v not in FLASH_ATTN:
-            raise ValueError(f"must be 1, 0 or -1, not {v}")
-        return v
-
-    @field_validator("split_mode")
-    @classmethod
-    def _sm(cls, v: str) -> str:
-        if v not in SPLIT_MODES:
-            raise ValueError(f"must be none, layer or row, not {v!r}")
+    def _one_of(cls, v: Any, info: ValidationInfo) -> Any:
+        allowed, words = {"flash_attn": (FLASH_ATTN, "1, 0 or -1"),
+                          "split_mode": (SPLIT_MODES, "none, layer or row")}[info.field_name or ""]
+        if v not in allowed:
+            raise ValueError(f"must be {words}, not {v!r}")
         return v
 
 

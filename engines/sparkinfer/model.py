@@ -50,15 +50,21 @@ def l2_norm(x: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x.float(), (d,), _inv_sqrt(d, x.device), eps / d)
 
 
-_INV_SQRT: dict[tuple[int, str], Tensor] = {}
+_CONSTS: dict[tuple[Any, ...], Tensor] = {}
+
+
+def _const(key: tuple[Any, ...], device: torch.device, make: Any) -> Tensor:
+    """A small constant tensor, made once per (key, device) on first use (eagerly: the warm-up before a CUDA graph
+    capture makes it, the captured step only reads it)."""
+    full = (*key, str(device))
+    if full not in _CONSTS:
+        _CONSTS[full] = make().to(device)
+    return _CONSTS[full]
 
 
 def _inv_sqrt(d: int, device: torch.device) -> Tensor:
     """A [d] f32 vector of 1/sqrt(d): l2_norm's scale as RMSNorm's weight (one launch instead of two)."""
-    key = (d, str(device))
-    if key not in _INV_SQRT:
-        _INV_SQRT[key] = torch.full((d,), 1.0 / math.sqrt(d), device=device)
-    return _INV_SQRT[key]
+    return _const(("inv_sqrt", d), device, lambda: torch.full((d,), 1.0 / math.sqrt(d)))
 
 
 def situ(g: Tensor, u: Tensor, beta: float, linear_beta: float) -> Tensor:
@@ -83,22 +89,14 @@ def situ_joint(h: Tensor, beta: float, linear_beta: float) -> Tensor:
     return a * torch.sigmoid(g)
 
 
-_CONSTS: dict[tuple[Any, ...], Tensor] = {}
-
-
 def _situ_scale(f: int, beta: float, linear_beta: float, device: torch.device) -> Tensor:
     """[2F] f32: 1/beta for the gate half, 1/lb for the up half."""
-    key = ("situ", f, beta, linear_beta, str(device))
-    if key not in _CONSTS:
-        _CONSTS[key] = torch.cat([torch.full((f,), 1.0 / beta), torch.full((f,), 1.0 / linear_beta)]).to(device)
-    return _CONSTS[key]
+    return _const(("situ", f, beta, linear_beta), device,
+                  lambda: torch.cat([torch.full((f,), 1.0 / beta), torch.full((f,), 1.0 / linear_beta)]))
 
 
 def _zero(device: torch.device) -> Tensor:
-    key = ("zero", str(device))
-    if key not in _CONSTS:
-        _CONSTS[key] = torch.zeros((), device=device)
-    return _CONSTS[key]
+    return _const(("zero",), device, lambda: torch.zeros(()))
 
 
 @dataclass
