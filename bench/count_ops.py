@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -38,13 +40,18 @@ class Counter(TorchDispatchMode):
         self.stack: list[str] = ["other"]
         self.by_part: collections.Counter = collections.Counter()
         self.by_op: collections.Counter = collections.Counter()
+        self.by_part_op: collections.Counter = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        # views and no-op conversions launch nothing: count only ops that compute or copy
-        if not func.is_view and not (args and out is args[0]):
+        # views and no-op conversions launch nothing: count only ops that compute or copy. Under
+        # inference_mode `Tensor.to` reaches the mode undecomposed, and its schema (it may return self) marks it
+        # a view: a `to` that returned a new tensor converted, which is a kernel
+        converted = func.overloadpacket is torch.ops.aten.to and not (args and out is args[0])
+        if converted or (not func.is_view and not (args and out is args[0])):
             self.by_part[self.stack[-1]] += 1
             self.by_op[str(func.overloadpacket.__name__)] += 1
+            self.by_part_op[f"{self.stack[-1]}:{func.overloadpacket.__name__}"] += 1
         return out
 
 
@@ -73,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="k3-mini-cpu")
     ap.add_argument("--depth", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--dtype", help="override the target's candidate dtype (float16: the GPU targets' op structure)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="route decode experts through the Triton kernels (CUDA's path; here in the interpreter)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -81,21 +91,40 @@ def main(argv: list[str] | None = None) -> int:
     shards = ensure_generated(lock, t.weights)
     geom = Geometry(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=1)
     engine = SparkInferEngine()
+    opts = {k: v for k, v in dict(t.candidate_options).items() if k != "cuda_graph"}
+    if args.dtype:
+        opts["dtype"] = args.dtype
     prep = engine.prepare(EngineTarget(args.target, shards[0], tuple(shards), "cpu", geom,
-                                       options=dict(t.candidate_options)), Path("unused"))
+                                       options=opts), Path("unused"))
     ids = draw_prompt(Tokenizer.from_gguf(shards[0]), max(args.depth + 1, args.prefill), seed=7).token_ids
     counter = Counter()
     instrument(counter)
+    if args.kernels:  # each Triton launch is one kernel; the interpreter's own torch calls are not counted
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from engines.sparkinfer import kernels as K
+
+        launch = K.decode_experts
+
+        def counted(*a, **kw):
+            with torch.utils._python_dispatch._disable_current_modes():
+                out = launch(*a, **kw)
+            counter.by_part[counter.stack[-1]] += 2
+            counter.by_part_op[f"{counter.stack[-1]}:triton"] += 2
+            return out
+        K.decode_experts = counted
+        print(prep.handle.model.enable_decode_kernels(), file=sys.stderr)
     res = {}
     for phase, wl in (("decode", Workload.split("decode", args.depth, 1, ids[:args.depth + 1])),
                       ("prefill", Workload.split("prefill", 0, args.prefill, ids[:args.prefill]))):
         state = engine.begin(prep, wl[0])
         counter.by_part.clear()
         counter.by_op.clear()
+        counter.by_part_op.clear()
         with counter:
             engine.step(prep, state, wl[1])
         res[phase] = {"total": sum(counter.by_part.values()), "by_part": dict(counter.by_part),
-                      "top_ops": counter.by_op.most_common(12)}
+                      "top_ops": counter.by_op.most_common(12),
+                      "by_part_op": dict(sorted(counter.by_part_op.items()))}
     spec = lock.weights[t.weights].spec
     res["layers"] = {s: layer_mix(s) for s in (spec, "k3-gpu", "k3-wide")}
     engine.close(prep)

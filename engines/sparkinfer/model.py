@@ -237,6 +237,40 @@ class K3Model:
         # bound (kimi-linear's softplus gate) decays are unbounded and 1-token chunks are the safe form
         lb = cfg.kda_gate_lower_bound
         self.kda_chunk = 1 if lb is None else _kda_chunk_for(lb)
+        # one token's routed experts through kernels.decode_experts (Triton) instead of torch ops: set by
+        # enable_decode_kernels once the kernels have matched the torch form on this model's own weights
+        self.decode_kernels = False
+
+    def enable_decode_kernels(self) -> str:
+        """Route single-token experts through the Triton kernels when they apply and agree with the torch form
+        on the first MoE layer's real weights (relative error < 1e-2 on a random activation); a note saying what
+        was chosen and why (the engine records it). Compiles the kernels for this model's widths, so call it
+        before any CUDA graph capture."""
+        c = self.cfg
+        moe = [lw for il, lw in enumerate(self.w.layers) if il >= c.n_layer_dense_lead]
+        usable = [lw for lw in moe if _kernel_mats(lw) is not None]
+        if not moe or len(usable) != len(moe):
+            return "torch: routed-expert weights are not stacked gate|up in f16/bf16"
+        try:
+            from . import kernels
+        except ImportError as exc:
+            return f"torch: triton unavailable ({exc})"
+        lw = usable[0]
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        xin = torch.randn(1, c.expert_latent_length, generator=gen).to(self.device)
+        sel = torch.randperm(c.n_expert, generator=gen)[:c.n_expert_used].to(self.device)
+        wts = torch.rand(c.n_expert_used, generator=gen).to(self.device)
+        want = self._decode_experts(lw, xin, sel, wts)
+        try:
+            w_in, w_down = _kernel_mats(lw)  # type: ignore[misc]
+            got = kernels.decode_experts(xin, sel, wts, w_in, w_down, c.situ_beta, c.situ_linear_beta)
+        except Exception as exc:  # a compile or launch failure on this box: the torch form still runs
+            return f"torch: the Triton experts kernel failed here ({type(exc).__name__}: {exc})"
+        err = float((got - want).norm() / want.norm().clamp_min(1e-30))
+        if not err < 1e-2:
+            return f"torch: the Triton experts kernel disagreed with the torch form (relative error {err:.3g})"
+        self.decode_kernels = True
+        return f"triton {kernels.triton.__version__}: routed experts in 2 launches (self-check error {err:.2g})"
 
     # -- state ---------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> K3Cache:
@@ -426,6 +460,11 @@ class K3Model:
         """One token through experts `e` [m] (indices into the stacked weights) weighted by w [m].
         xin [1, lat] -> [1, lat]."""
         c = self.cfg
+        if self.decode_kernels:
+            from . import kernels
+
+            w_in, w_down = _kernel_mats(lw)  # type: ignore[misc]  # checked for every MoE layer when enabled
+            return kernels.decode_experts(xin, e, w, w_in, w_down, c.situ_beta, c.situ_linear_beta)
         down = lw["ffn_down_exps"]
         m = int(e.shape[0])
 
@@ -485,6 +524,19 @@ class K3Model:
         per_slot = torch.zeros(t * k, xin.shape[1], device=xin.device)
         per_slot[idx] = y
         return per_slot.view(t, k, -1).sum(1)
+
+
+def _kernel_mats(lw: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+    """(gate|up [X, 2F, lat], down [X, lat, F]) for kernels.decode_experts: f16/bf16 weights whose activations
+    are not rounded to a quantized type (act None), contiguous; None when the layer's experts do not fit."""
+    m_in, down = lw.get("exps_in"), lw.get("ffn_down_exps")
+    if m_in is None or down is None or m_in.act is not None or down.act is not None:
+        return None
+    if m_in.w.dtype not in (torch.float16, torch.bfloat16) or down.w.dtype != m_in.w.dtype:
+        return None
+    if m_in.splits[0] != m_in.splits[1] or not (m_in.w.is_contiguous() and down.w.is_contiguous()):
+        return None
+    return m_in.w, down.w
 
 
 GROUPED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what torch._grouped_mm multiplies
