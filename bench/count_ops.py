@@ -103,15 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         from engines.sparkinfer import kernels as K
 
-        launch = K.decode_experts
-
-        def counted(*a, **kw):
-            with torch.utils._python_dispatch._disable_current_modes():
-                out = launch(*a, **kw)
-            counter.by_part[counter.stack[-1]] += 2
-            counter.by_part_op[f"{counter.stack[-1]}:triton"] += 2
-            return out
-        K.decode_experts = counted
+        def counted(launch, n):
+            def run(*a, **kw):
+                with torch.utils._python_dispatch._disable_current_modes():
+                    out = launch(*a, **kw)
+                counter.by_part[counter.stack[-1]] += n
+                counter.by_part_op[f"{counter.stack[-1]}:triton"] += n
+                return out
+            return run
+        K.decode_experts = counted(K.decode_experts, 2)
+        K.linear_vec = counted(K.linear_vec, 1)
+        K.route = counted(K.route, 1)
+        K.situ_vec = counted(K.situ_vec, 1)
         print(prep.handle.model.enable_decode_kernels(), file=sys.stderr)
     res = {}
     for phase, wl in (("decode", Workload.split("decode", args.depth, 1, ids[:args.depth + 1])),

@@ -62,6 +62,54 @@ def test_decode_experts_matches_float64(kernels, lb, dtype):
     assert not torch.allclose(other, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_vec_matches_float64(kernels, dtype):
+    gen = torch.Generator().manual_seed(11)
+    n, k = 37, 300  # neither a multiple of the blocks
+    w = (torch.randn(n, k, generator=gen) * 0.1).to(dtype)
+    base = torch.randn(1, k + 5, generator=gen)
+    x = base[:, 5:]  # a column slice of a wider product, as the fused projections hand it on
+    got = kernels.linear_vec(x, w)
+    want = w.double() @ x[0].double()
+    assert got.shape == (1, n) and got.dtype == torch.float32
+    assert float((got[0].double() - want).norm() / want.norm()) < 1e-5
+    with pytest.raises(ValueError, match="activation of 299 values"):
+        kernels.linear_vec(base[:, 6:], w)
+
+
+@pytest.mark.parametrize("sigmoid,norm,scale", [(True, True, 2.0), (False, False, 1.0), (True, False, 0.0)])
+def test_route_matches_torch_topk(kernels, sigmoid, norm, scale):
+    from engines.sparkinfer.model import ROUTER_WSUM_MIN
+
+    gen = torch.Generator().manual_seed(3)
+    n, k = 48, 8  # n not a power of two: the padded lanes must never be chosen
+    for _ in range(5):  # fresh draws
+        logits, bias = torch.randn(1, n, generator=gen) * 3, torch.randn(n, generator=gen) * 0.1
+        sel, wts = kernels.route(logits, bias, k, sigmoid, norm, scale, ROUTER_WSUM_MIN)
+        probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
+        want_sel = torch.topk(probs + bias, k, -1).indices[0]
+        want = probs[0, want_sel]
+        if norm:
+            want = want / want.sum().clamp_min(ROUTER_WSUM_MIN)
+        if scale not in (0.0, 1.0):
+            want = want * scale
+        assert sel.dtype == torch.long and torch.equal(sel, want_sel)  # the same experts, largest first
+        assert torch.allclose(wts, want, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.route(logits, bias, 6, sigmoid, norm, scale, ROUTER_WSUM_MIN)
+
+
+@pytest.mark.parametrize("lb", [25.0, 0.0])
+def test_situ_vec_matches_the_torch_form(kernels, lb):
+    from engines.sparkinfer.model import situ_joint
+
+    h = torch.randn(1, 2 * 1500, generator=torch.Generator().manual_seed(4)) * 6  # 2 programs, one partial
+    got = kernels.situ_vec(h, 4.0, lb)
+    want = situ_joint(h, 4.0, lb)
+    assert got.shape == (1, 1500)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)  # values up to beta * lb = 100
+
+
 def test_mismatched_down_weights_are_refused(kernels):
     w_in = torch.zeros(4, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="down weights"):
@@ -76,9 +124,12 @@ def mini(tmp_path_factory):
     return cfg, load_weights(cfg, tuple(cfg.shards), "cpu", torch.float16)[0]
 
 
-def test_static_decode_with_kernels_matches_torch_form(kernels, mini):
+def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatch):
     """The model's own decode step (graph.StaticDecoder, the step a CUDA graph records) with the kernels
-    enabled gives the torch form's greedy tokens, and logits within f16-level rounding."""
+    enabled gives the torch form's greedy tokens, and logits within f16-level rounding. (Wider blocks than
+    on the GPU: the interpreter runs one program at a time, so fewer, wider programs keep this test short.)"""
+    for name, width in (("BLOCK_N", 128), ("BLOCK_F", 128), ("BLOCK_L", 64)):
+        monkeypatch.setattr(kernels, name, width)
     cfg, w = mini
     torch.manual_seed(0)
     ids = torch.randint(0, 510, (40,), generator=torch.Generator().manual_seed(5))
@@ -90,12 +141,12 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini):
             assert note.startswith("triton"), note
             assert model.decode_kernels
         dec = StaticDecoder(model, 256, capture=False)
-        cache = dec.reset(len(ids) + 12)
+        cache = dec.reset(len(ids) + 6)
         from engines.sparkinfer.engine import prefill
 
         first = prefill(model, cache, ids, 512, [len(ids) - 1]).argmax(-1)
         dec.check()
-        toks = dec.run(first, 12)
+        toks = dec.run(first, 6)
         runs[use] = (toks, dec.logits.clone())
     assert runs[True][0] == runs[False][0]
     a, b = runs[True][1], runs[False][1]

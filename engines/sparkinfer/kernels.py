@@ -1,4 +1,5 @@
-"""Triton kernels for sparkinfer's batch-1 decode: the routed experts of one token in two launches.
+"""Triton kernels for sparkinfer's batch-1 decode: one token's routed experts in two launches, and a product
+of one f32 activation with an f16 matrix in one.
 
 The torch form of one token's routed experts (model.K3Model._decode_experts) gathers the selected experts'
 weights into new tensors (``w[e]``: a copy of every active expert's matrices, then a second read by the
@@ -30,16 +31,22 @@ import triton.language as tl
 Tensor = torch.Tensor
 
 BLOCK_F = 32  # output columns of a per program in experts_in_situ (each reads 2 x BLOCK_F weight rows)
-BLOCK_L = 16  # output rows per program in experts_down_sum
+BLOCK_L = 8  # output rows per program in experts_down_sum (k3-gpu's latent 1024: 128 programs)
+BLOCK_N = 16  # output columns per program in linear_vec
+BLOCK_SITU = 1024  # columns per program in situ_vec
 BLOCK_K = 128  # reduction step (f16 weights: 256 bytes per row per step)
 
 
 @triton.jit
 def _tanh(x):
-    # tanh(x) = sign(x) (1 - e^(-2|x|)) / (1 + e^(-2|x|)): never overflows; absolute error ~1e-7
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
+    # |x| >= 1/4: sign(x) (1 - e^(-2|x|)) / (1 + e^(-2|x|)), which never overflows; below, where 1 - e^(-2|x|)
+    # would cancel, the series x - x^3/3 + 2x^5/15 - 17x^7/315 (next term 62x^9/2835: < 2e-7 relative at 1/4)
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    return tl.where(a < 0.25, small, tl.where(x < 0, -big, big))
 
 
 @triton.jit
@@ -90,6 +97,109 @@ def _experts_down_sum(a_ptr, w_ptr, sel_ptr, wts_ptr, out_ptr,
             part += tl.sum(wd.to(tl.float32) * av, 1)
         acc += tl.load(wts_ptr + m) * part
     tl.store(out_ptr + rows, acc, mask=ok)
+
+
+@triton.jit
+def _linear_vec(x_ptr, w_ptr, out_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN] output columns
+    ok = rows < N
+    acc = tl.zeros([BN, BK], dtype=tl.float32)  # reduced once at the end: independent partial sums in flight
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < K
+        xv = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        wt = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :], mask=ok[:, None] & kmask[None, :],
+                     other=0.0)
+        acc += wt.to(tl.float32) * xv
+    tl.store(out_ptr + rows, tl.sum(acc, 1), mask=ok)
+
+
+def linear_vec(x: Tensor, w: Tensor) -> Tensor:
+    """x [1, K] (f32) times w [N, K] (f16/bf16, contiguous) -> [1, N] f32 in one launch: the activation stays
+    f32 and the products accumulate in f32 (the torch form takes three launches: x to f16, the product, the
+    result back to f32). K is a compile-time constant (one compile per input width; N is not)."""
+    n, k = w.shape
+    xv = x.reshape(-1).float()
+    if xv.shape[0] != k:
+        raise ValueError(f"activation of {xv.shape[0]} values for a [{n}, {k}] matrix")
+    out = torch.empty(1, n, dtype=torch.float32, device=x.device)
+    _linear_vec[(triton.cdiv(n, BLOCK_N),)](xv.contiguous(), w, out, n, K=k, BN=BLOCK_N, BK=BLOCK_K)
+    return out
+
+
+@triton.jit
+def _route(logits_ptr, bias_ptr, sel_ptr, wts_ptr, wsum_min, scale, X: tl.constexpr, K_USED: tl.constexpr,
+           BX: tl.constexpr, SIGMOID: tl.constexpr, NORM: tl.constexpr, SCALE: tl.constexpr):
+    offs = tl.arange(0, BX)
+    ok = offs < X
+    z = tl.load(logits_ptr + offs, mask=ok, other=-float("inf"))
+    if SIGMOID:
+        p = tl.sigmoid(z)
+    else:
+        ez = tl.exp(z - tl.max(z, 0))
+        p = ez / tl.sum(ez, 0)
+    p = tl.where(ok, p, 0.0)
+    s = tl.where(ok, p + tl.load(bias_ptr + offs, mask=ok, other=0.0), -float("inf"))  # selection score
+    ks = tl.arange(0, K_USED)
+    sv = tl.zeros([K_USED], dtype=tl.int64)
+    wv = tl.zeros([K_USED], dtype=tl.float32)
+    for i in range(K_USED):  # the k largest scores, largest first (torch.topk's order)
+        j = tl.argmax(s, 0)
+        w = tl.sum(tl.where(offs == j, p, 0.0), 0)  # the unbiased probability of the chosen expert
+        sv = tl.where(ks == i, j.to(tl.int64), sv)
+        wv = tl.where(ks == i, w, wv)
+        s = tl.where(offs == j, -float("inf"), s)
+    if NORM:
+        wv = wv / tl.maximum(tl.sum(wv, 0), wsum_min)
+    if SCALE:
+        wv = wv * scale
+    tl.store(sel_ptr + ks, sv)
+    tl.store(wts_ptr + ks, wv)
+
+
+def route(logits: Tensor, bias: Tensor, k: int, sigmoid: bool, norm: bool, scale: float,
+          wsum_min: float) -> tuple[Tensor, Tensor]:
+    """The router's choice for one token in one launch: probabilities (sigmoid or softmax of logits [1, X]),
+    the k experts of largest probability + bias [X] (largest first), their unbiased probabilities, normalized
+    to sum 1 (the sum clamped at wsum_min) when `norm`, times `scale` unless it is 0 or 1.
+    -> sel [k] long, wts [k] f32. k must be a power of two (K3's 16; the generated models' 2, 8, 16)."""
+    n = int(logits.shape[-1])
+    if k & (k - 1) or not 0 < k <= n:
+        raise ValueError(f"route: k = {k} must be a power of two in 1..{n}")
+    sel = torch.empty(k, dtype=torch.long, device=logits.device)
+    wts = torch.empty(k, dtype=torch.float32, device=logits.device)
+    scaled = scale not in (0.0, 1.0)
+    _route[(1,)](logits.reshape(-1).float().contiguous(), bias.reshape(-1).float().contiguous(), sel, wts,
+                 wsum_min, scale if scaled else 1.0, X=n, K_USED=k, BX=triton.next_power_of_2(n), SIGMOID=sigmoid,
+                 NORM=norm, SCALE=scaled)
+    return sel, wts
+
+
+@triton.jit
+def _situ(h_ptr, out_ptr, inv_beta, inv_lb, beta_lb, F, LINEAR_UP: tl.constexpr, BF: tl.constexpr):
+    cols = tl.program_id(0) * BF + tl.arange(0, BF)
+    ok = cols < F
+    g = tl.load(h_ptr + cols, mask=ok, other=0.0)
+    u = tl.load(h_ptr + F + cols, mask=ok, other=0.0)
+    if LINEAR_UP:
+        a = _tanh(g * inv_beta) * tl.sigmoid(g) * u * beta_lb
+    else:
+        a = _tanh(g * inv_beta) * tl.sigmoid(g) * _tanh(u * inv_lb) * beta_lb
+    tl.store(out_ptr + cols, a, mask=ok)
+
+
+def situ_vec(h: Tensor, beta: float, linear_beta: float) -> Tensor:
+    """situ of one token's h = [g | u] [1, 2F] f32 (a gate|up product) -> [1, F] f32 in one launch (F is not a
+    compile-time constant: the dense FFN and the shared experts share one compile)."""
+    hv = h.reshape(-1)
+    f = int(hv.shape[0]) // 2
+    out = torch.empty(1, f, dtype=torch.float32, device=h.device)
+    linear_up = not linear_beta > 0
+    _situ[(triton.cdiv(f, BLOCK_SITU),)](hv.float().contiguous(), out, 1.0 / beta,
+                                        0.0 if linear_up else 1.0 / linear_beta,
+                                        beta if linear_up else beta * linear_beta, f, LINEAR_UP=linear_up,
+                                        BF=BLOCK_SITU)
+    return out
 
 
 def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: Tensor, beta: float,

@@ -135,12 +135,14 @@ class Products(dict[str, Tensor]):
         return self.full[..., self.cols[first][0]:self.cols[last][1]]
 
 
-def project(lw: dict[str, Any], group: str, x: Tensor) -> Products:
-    """The products of x with every matrix of a FUSED group that the layer has: {key: [.., out]}."""
+def project(lw: dict[str, Any], group: str, x: Tensor, lin: Any = None) -> Products:
+    """The products of x with every matrix of a FUSED group that the layer has: {key: [.., out]}
+    (each through `lin`, default `linear`)."""
+    lin = lin or linear
     if group not in lw:
-        return Products({k: linear(x, lw[k]) for k in FUSED[group] if k in lw})
+        return Products({k: lin(x, lw[k]) for k in FUSED[group] if k in lw})
     m = lw[group]
-    out = Products(zip(lw[group + ".keys"], (full := linear(x, m)).split(m.splits, -1)))
+    out = Products(zip(lw[group + ".keys"], (full := lin(x, m)).split(m.splits, -1)))
     ends = [sum(m.splits[:i + 1]) for i in range(len(m.splits))]
     out.full, out.cols = full, {k: (e - w, e) for k, w, e in zip(lw[group + ".keys"], m.splits, ends)}
     return out
@@ -242,35 +244,63 @@ class K3Model:
         self.decode_kernels = False
 
     def enable_decode_kernels(self) -> str:
-        """Route single-token experts through the Triton kernels when they apply and agree with the torch form
-        on the first MoE layer's real weights (relative error < 1e-2 on a random activation); a note saying what
-        was chosen and why (the engine records it). Compiles the kernels for this model's widths, so call it
-        before any CUDA graph capture."""
+        """Run one token's routed experts, routing, situ and the products up to VEC_MAX_ELEMENTS through the
+        Triton kernels (kernels.py), once each agrees with the torch form it replaces on this model's own
+        weights (relative error < KERNEL_CHECK_TOL on random inputs, the same experts chosen); a note saying
+        what was chosen and why, which the engine records. Compiles the kernels, so call it before any CUDA
+        graph capture."""
         c = self.cfg
         moe = [lw for il, lw in enumerate(self.w.layers) if il >= c.n_layer_dense_lead]
-        usable = [lw for lw in moe if _kernel_mats(lw) is not None]
-        if not moe or len(usable) != len(moe):
-            return "torch: routed-expert weights are not stacked gate|up in f16/bf16"
+        if not moe or any(_kernel_mats(lw) is None for lw in moe) or not _route_fits(c.n_expert_used):
+            return "torch: the routed experts are not stacked gate|up in f16/bf16 with a power-of-two top-k"
         try:
             from . import kernels
         except ImportError as exc:
             return f"torch: triton unavailable ({exc})"
-        lw = usable[0]
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        xin = torch.randn(1, c.expert_latent_length, generator=gen).to(self.device)
-        sel = torch.randperm(c.n_expert, generator=gen)[:c.n_expert_used].to(self.device)
-        wts = torch.rand(c.n_expert_used, generator=gen).to(self.device)
-        want = self._decode_experts(lw, xin, sel, wts)
         try:
-            w_in, w_down = _kernel_mats(lw)  # type: ignore[misc]
-            got = kernels.decode_experts(xin, sel, wts, w_in, w_down, c.situ_beta, c.situ_linear_beta)
+            errs = self._kernel_errors(kernels, moe[0])
         except Exception as exc:  # a compile or launch failure on this box: the torch form still runs
-            return f"torch: the Triton experts kernel failed here ({type(exc).__name__}: {exc})"
-        err = float((got - want).norm() / want.norm().clamp_min(1e-30))
-        if not err < 1e-2:
-            return f"torch: the Triton experts kernel disagreed with the torch form (relative error {err:.3g})"
+            return f"torch: a Triton kernel failed here ({type(exc).__name__}: {exc})"
+        bad = [f"{k} {e:.3g}" for k, e in errs.items() if not e < KERNEL_CHECK_TOL]
+        if bad:
+            return "torch: the Triton kernels disagreed with the torch form (relative error " + ", ".join(bad) + ")"
         self.decode_kernels = True
-        return f"triton {kernels.triton.__version__}: routed experts in 2 launches (self-check error {err:.2g})"
+        return f"triton {kernels.triton.__version__}: self-check " + ", ".join(f"{k} {e:.2g}" for k, e in errs.items())
+
+    def _kernel_errors(self, kernels: Any, lw: dict[str, Any]) -> dict[str, float]:
+        """Each kernel's relative error against the torch form (self.decode_kernels is still off), on random
+        inputs and this model's weights: the first MoE layer's experts and routing, situ, and the smallest
+        product of each input width the product kernel takes."""
+        c, dev = self.cfg, self.device
+        gen = torch.Generator().manual_seed(0)
+
+        def rnd(*shape: int) -> Tensor:
+            return torch.randn(*shape, generator=gen).to(dev)
+
+        def rel(got: Tensor, want: Tensor) -> float:
+            return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+        xin, wts = rnd(1, c.expert_latent_length), torch.rand(c.n_expert_used, generator=gen).to(dev)
+        sel = torch.randperm(c.n_expert, generator=gen)[:c.n_expert_used].to(dev)
+        w_in, w_down = _kernel_mats(lw)  # type: ignore[misc]  # the caller checked every MoE layer
+        errs = {"experts": rel(kernels.decode_experts(xin, sel, wts, w_in, w_down, c.situ_beta, c.situ_linear_beta),
+                               self._decode_experts(lw, xin, sel, wts))}
+        logits = rnd(1, c.n_expert)
+        k_sel, k_wts = kernels.route(logits, lw["exp_probs_b"], c.n_expert_used, c.expert_gating_func == 2,
+                                     bool(c.expert_weights_norm), c.expert_weights_scale, ROUTER_WSUM_MIN)
+        t_sel, t_wts = self._route(lw, logits)
+        errs["route"] = rel(k_wts, t_wts[0]) if torch.equal(k_sel, t_sel[0]) else float("inf")
+        h = rnd(1, 2 * c.expert_ff)
+        errs["situ"] = rel(kernels.situ_vec(h, c.situ_beta, c.situ_linear_beta),
+                           situ_joint(h, c.situ_beta, c.situ_linear_beta))
+        vec = [m for m in (self.w.output, *(v for lw in self.w.layers for v in lw.values()))
+               if isinstance(m, Mat) and _vec_fits(m)]
+        # every input width compiles its own product kernel: all of them here, so none compiles in a timed step
+        by_width = {m.w.shape[1]: m for m in sorted(vec, key=lambda v: v.w.numel(), reverse=True)}
+        for width, m in sorted(by_width.items()):
+            xv = rnd(1, width)
+            errs[f"product {width}"] = rel(kernels.linear_vec(xv, m.w), linear(xv, m))
+        return errs
 
     # -- state ---------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> K3Cache:
@@ -334,7 +364,24 @@ class K3Model:
         else:
             x = x[out_rows]
         x = rms_norm(x, self.w.output_norm, c.rms_norm_eps)
-        return linear(x, self.w.output)  # [R, V]
+        return self._linear(x, self.w.output)  # [R, V]
+
+    def _linear(self, x: Tensor, m: Mat) -> Tensor:
+        """`linear`, or for one token with the decode kernels on and a matrix they take, kernels.linear_vec."""
+        if self.decode_kernels and x.shape[0] == 1 and x.dim() == 2 and _vec_fits(m):
+            from . import kernels
+
+            return kernels.linear_vec(x, m.w)
+        return linear(x, m)
+
+    def _situ_of(self, p: Products, gate: str, up: str, beta: float, linear_beta: float) -> Tensor:
+        """`situ_of`, or for one token with the decode kernels on and the halves joined, kernels.situ_vec."""
+        h = p.span(gate, up)
+        if self.decode_kernels and h is not None and h.shape[0] == 1 and p[gate].shape[-1] == p[up].shape[-1]:
+            from . import kernels
+
+            return kernels.situ_vec(h, beta, linear_beta)
+        return situ_of(p, gate, up, beta, linear_beta)
 
     # -- cross-layer residual attention --------------------------------------------------------
     def _res_mix(self, cur: Tensor, bank: Tensor | None, score_w: Tensor) -> Tensor:
@@ -357,14 +404,14 @@ class K3Model:
         """x [T, E] (normed) -> [T, E]; updates st.conv and st.s in place (a CUDA graph holds their storage)."""
         c = self.cfg
         t, h, hd, di = x.shape[0], c.n_head, c.kda_head_dim, c.kda_inner
-        p = project(lw, "kda_in", x)
+        p = project(lw, "kda_in", x, self._linear)
         qkv = torch.cat([p["attn_q"], p["attn_k"], p["attn_v"]], -1)  # [T, 3*di]
         xx = torch.cat([st.conv, qkv.T], 1)  # [3*di, K-1+T]
         st.conv.copy_(xx[:, t:])  # the last K-1 inputs
         y = (xx.unfold(1, c.ssm_conv_kernel, 1) * lw["ssm_conv1d"]).sum(-1)  # [3*di, T] causal depthwise conv
         y = F.silu(y).T  # [T, 3*di]
         q, k, v = (z.reshape(t, h, hd) for z in y.split(di, -1))
-        g = linear(p["ssm_f_a"], lw["ssm_f_b"]).view(t, h, hd)  # [T, H, hd]
+        g = self._linear(p["ssm_f_a"], lw["ssm_f_b"]).view(t, h, hd)  # [T, H, hd]
         a = lw["ssm_a"].view(1, h, 1)  # holds -exp(A_log)
         if c.kda_gate_lower_bound is not None:  # K3: lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias))
             na, dt_na = _kda_gate_consts(lw, h, hd)  # exp(A_log) and dt_bias * exp(A_log)
@@ -381,7 +428,7 @@ class K3Model:
             st.s.copy_(s)
         o = rms_norm(o, lw["ssm_norm"], c.rms_norm_eps)  # [T, H, hd]
         o = o * torch.sigmoid(p["ssm_g"]).view(t, h, hd)  # full-rank output gate
-        return linear(o.reshape(t, di), lw["attn_output"])
+        return self._linear(o.reshape(t, di), lw["attn_output"])
 
     # -- MLA (multi-head latent attention, NoPE, stored as one latent MQA head) -----------------
     def _mla(self, lw: dict[str, Any], x: Tensor, st: MLAState, n_past: int | Tensor, span: int = 0) -> Tensor:
@@ -389,9 +436,9 @@ class K3Model:
         the static step, which then attends over the first `span` rows)."""
         c = self.cfg
         t, h, kvr, nope = x.shape[0], c.n_head, c.kv_lora_rank, c.qk_nope_dim
-        p = project(lw, "mla_in", x)
+        p = project(lw, "mla_in", x, self._linear)
         if c.q_lora_rank > 0:
-            q = linear(rms_norm(p["attn_q_a"], lw["attn_q_a_norm"], c.rms_norm_eps), lw["attn_q_b"])
+            q = self._linear(rms_norm(p["attn_q_a"], lw["attn_q_a_norm"], c.rms_norm_eps), lw["attn_q_b"])
         else:
             q = p["attn_q"]
         q = q.view(t, h, c.key_length_mla)
@@ -418,27 +465,21 @@ class K3Model:
             o = torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
         if "attn_gate" in p:  # K3: sigmoid output gate on the normed layer input
             o = o * torch.sigmoid(p["attn_gate"]).view(t, h, -1)
-        return linear(o.reshape(t, -1), lw["attn_output"])
+        return self._linear(o.reshape(t, -1), lw["attn_output"])
 
     # -- FFN -----------------------------------------------------------------------------------
     def _dense(self, lw: dict[str, Any], x: Tensor) -> Tensor:
         c = self.cfg
-        p = project(lw, "dense_in", x)
-        a = situ_of(p, "ffn_gate", "ffn_up", c.situ_beta, c.situ_linear_beta)
-        return linear(a, lw["ffn_down"])
+        p = project(lw, "dense_in", x, self._linear)
+        a = self._situ_of(p, "ffn_gate", "ffn_up", c.situ_beta, c.situ_linear_beta)
+        return self._linear(a, lw["ffn_down"])
 
     def _moe(self, lw: dict[str, Any], x: Tensor) -> Tensor:
         """Latent MoE: router on the full-width x [T, E]; experts at the latent width; shared at E."""
         c = self.cfg
         logits = linear(x, lw["ffn_gate_inp"])  # [T, n_expert] (float32 router, not fused)
-        p = project(lw, "moe_in", x)
-        probs = torch.sigmoid(logits) if c.expert_gating_func == 2 else torch.softmax(logits, -1)
-        sel = torch.topk(probs + lw["exp_probs_b"], c.n_expert_used, -1).indices  # [T, k]
-        wts = probs.gather(1, sel)  # [T, k], unbiased
-        if c.expert_weights_norm:
-            wts = wts / wts.sum(-1, keepdim=True).clamp_min(ROUTER_WSUM_MIN)
-        if c.expert_weights_scale not in (0.0, 1.0):
-            wts = wts * c.expert_weights_scale
+        p = project(lw, "moe_in", x, self._linear)
+        sel, wts = self._route(lw, logits)
         lat = c.expert_latent_length
         if self.faults.experts_hidden_width:
             xin = x[:, :lat]
@@ -450,11 +491,30 @@ class K3Model:
         if self.faults.experts_hidden_width:
             out = F.pad(out, (0, c.n_embd - lat))
         else:
-            out = linear(out, lw["ffn_routed_up"])  # [T, E]
+            out = self._linear(out, lw["ffn_routed_up"])  # [T, E]
         if "ffn_gate_shexp" in p:
-            sh = situ_of(p, "ffn_gate_shexp", "ffn_up_shexp", c.situ_beta, c.situ_linear_beta)
-            out = out + linear(sh, lw["ffn_down_shexp"])
+            sh = self._situ_of(p, "ffn_gate_shexp", "ffn_up_shexp", c.situ_beta, c.situ_linear_beta)
+            out = out + self._linear(sh, lw["ffn_down_shexp"])
         return out
+
+    def _route(self, lw: dict[str, Any], logits: Tensor) -> tuple[Tensor, Tensor]:
+        """The top-k experts of logits [T, X] (by probability + bias) and their unbiased, normalized, scaled
+        weights: ([T, k] long, [T, k] f32); for one token with the decode kernels on, kernels.route."""
+        c = self.cfg
+        if self.decode_kernels and logits.shape[0] == 1:
+            from . import kernels
+
+            s1, w1 = kernels.route(logits, lw["exp_probs_b"], c.n_expert_used, c.expert_gating_func == 2,
+                                   bool(c.expert_weights_norm), c.expert_weights_scale, ROUTER_WSUM_MIN)
+            return s1.view(1, -1), w1.view(1, -1)
+        probs = torch.sigmoid(logits) if c.expert_gating_func == 2 else torch.softmax(logits, -1)
+        sel = torch.topk(probs + lw["exp_probs_b"], c.n_expert_used, -1).indices  # [T, k]
+        wts = probs.gather(1, sel)  # [T, k], unbiased
+        if c.expert_weights_norm:
+            wts = wts / wts.sum(-1, keepdim=True).clamp_min(ROUTER_WSUM_MIN)
+        if c.expert_weights_scale not in (0.0, 1.0):
+            wts = wts * c.expert_weights_scale
+        return sel, wts
 
     def _decode_experts(self, lw: dict[str, Any], xin: Tensor, e: Tensor, w: Tensor) -> Tensor:
         """One token through experts `e` [m] (indices into the stacked weights) weighted by w [m].
@@ -524,6 +584,25 @@ class K3Model:
         per_slot = torch.zeros(t * k, xin.shape[1], device=xin.device)
         per_slot[idx] = y
         return per_slot.view(t, k, -1).sum(1)
+
+
+# matrices up to this many elements go through kernels.linear_vec for one token (64 MB at f16). The kernel
+# saves two of the torch form's three launches (~3 us each) on any size; past this size the matrix's own read
+# time (15 us at 4.3 TB/s) dwarfs them, and cuBLAS's tuned mat-vec is kept for the large products.
+VEC_MAX_ELEMENTS = 32 << 20
+KERNEL_CHECK_TOL = 1e-2  # enable_decode_kernels: f16 rounding of the torch form is ~1e-3 relative
+
+
+def _vec_fits(m: Mat) -> bool:
+    """A plain [out, in] f16/bf16 matrix whose activation is not rounded to a quantized type: linear_vec's case."""
+    w = m.w
+    return (w.dim() == 2 and m.act is None and w.dtype in (torch.float16, torch.bfloat16)
+            and w.numel() <= VEC_MAX_ELEMENTS and w.is_contiguous())
+
+
+def _route_fits(k: int) -> bool:
+    """kernels.route takes a power-of-two number of active experts (every preset's: 2, 8, 16)."""
+    return k > 0 and not k & (k - 1)
 
 
 def _kernel_mats(lw: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
