@@ -47,8 +47,10 @@ class Counter(TorchDispatchMode):
         # views and no-op conversions launch nothing: count only ops that compute or copy. Under
         # inference_mode `Tensor.to` reaches the mode undecomposed, and its schema (it may return self) marks it
         # a view: a `to` that returned a new tensor converted, which is a kernel
+        # an in-place op (mul_, copy_, index_copy_: named with a trailing underscore) returns its input and is a kernel
         converted = func.overloadpacket is torch.ops.aten.to and not (args and out is args[0])
-        if converted or (not func.is_view and not (args and out is args[0])):
+        inplace = str(func.overloadpacket.__name__).endswith("_")
+        if converted or (not func.is_view and (inplace or not (args and out is args[0]))):
             self.by_part[self.stack[-1]] += 1
             self.by_op[str(func.overloadpacket.__name__)] += 1
             self.by_part_op[f"{self.stack[-1]}:{func.overloadpacket.__name__}"] += 1
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         K.linear_vec = counted(K.linear_vec, 1)
         K.route = counted(K.route, 1)
         K.situ_vec = counted(K.situ_vec, 1)
+        K.res_mix = counted(K.res_mix, 1)
         print(prep.handle.model.enable_decode_kernels(), file=sys.stderr)
     res = {}
     for phase, wl in (("decode", Workload.split("decode", args.depth, 1, ids[:args.depth + 1])),

@@ -110,6 +110,23 @@ def test_situ_vec_matches_the_torch_form(kernels, lb):
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)  # values up to beta * lb = 100
 
 
+@pytest.mark.parametrize("n_ckpt", [1, 3])
+def test_res_mix_matches_the_torch_form(kernels, n_ckpt):
+    from engines.sparkinfer.model import rms_norm
+
+    gen = torch.Generator().manual_seed(n_ckpt)
+    e = 700  # not a multiple of the block
+    bank, cur = torch.randn(1, n_ckpt, e, generator=gen) * 3, torch.randn(1, e, generator=gen)
+    score = torch.randn(e, generator=gen) * 0.05
+    allc = torch.cat([bank, cur[:, None]], 1)
+    p = torch.softmax(rms_norm(allc, score, 1e-6).sum(-1), -1)
+    want = torch.bmm(p[:, None, :], allc)[:, 0]
+    got = kernels.res_mix(bank, cur, score, 1e-6, max_rows=5)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="exceed max_rows"):
+        kernels.res_mix(bank, cur, score, 1e-6, max_rows=n_ckpt)
+
+
 def test_mismatched_down_weights_are_refused(kernels):
     w_in = torch.zeros(4, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="down weights"):

@@ -202,6 +202,49 @@ def situ_vec(h: Tensor, beta: float, linear_beta: float) -> Tensor:
     return out
 
 
+@triton.jit
+def _res_mix(bank_ptr, cur_ptr, score_ptr, out_ptr, C, eps, E: tl.constexpr, CP: tl.constexpr, BE: tl.constexpr):
+    rows = tl.arange(0, CP)  # checkpoints 0..C-1 from the bank, row C the current stream, the rest padding
+    is_bank = rows < C
+    is_row = rows <= C
+    sq = tl.zeros([CP, BE], dtype=tl.float32)
+    xw = tl.zeros([CP, BE], dtype=tl.float32)
+    for e0 in range(0, E, BE):  # pass 1: sum x^2 and sum x * score_w of every row
+        cols = e0 + tl.arange(0, BE)
+        cm = cols < E
+        xb = tl.load(bank_ptr + rows[:, None] * E + cols[None, :], mask=is_bank[:, None] & cm[None, :], other=0.0)
+        xc = tl.load(cur_ptr + cols, mask=cm, other=0.0)
+        x = tl.where((rows == C)[:, None], xc[None, :], xb)
+        sq += x * x
+        xw += x * tl.load(score_ptr + cols, mask=cm, other=0.0)[None, :]
+    # score_c = sum_e rmsnorm(x_c)_e w_e = (sum_e x_c,e w_e) / sqrt(mean_e x_c,e^2 + eps); softmax over rows
+    sc = tl.sum(xw, 1) / tl.sqrt(tl.sum(sq, 1) / E + eps)
+    sc = tl.where(is_row, sc, -float("inf"))
+    p = tl.exp(sc - tl.max(sc, 0))
+    p = p / tl.sum(p, 0)
+    for e0 in range(0, E, BE):  # pass 2: the mix of the raw rows
+        cols = e0 + tl.arange(0, BE)
+        cm = cols < E
+        xb = tl.load(bank_ptr + rows[:, None] * E + cols[None, :], mask=is_bank[:, None] & cm[None, :], other=0.0)
+        xc = tl.load(cur_ptr + cols, mask=cm, other=0.0)
+        x = tl.where((rows == C)[:, None], xc[None, :], xb)
+        tl.store(out_ptr + cols, tl.sum(x * p[:, None], 0), mask=cm)
+
+
+def res_mix(bank: Tensor, cur: Tensor, score_w: Tensor, eps: float, max_rows: int) -> Tensor:
+    """One token's softmax mix of the banked checkpoints bank [1, C, E] and the current stream cur [1, E]
+    (f32), scored on their RMS-normed values with score_w [E]: -> [1, E] f32 in one launch (one program: two
+    passes over C + 1 rows). max_rows >= C + 1 sets the padded row count, so every layer shares one compile."""
+    _, c, e = bank.shape
+    cp = triton.next_power_of_2(max_rows)
+    if c + 1 > max_rows:
+        raise ValueError(f"res_mix: {c} checkpoints + the current row exceed max_rows {max_rows}")
+    out = torch.empty(1, e, dtype=torch.float32, device=cur.device)
+    _res_mix[(1,)](bank.float().contiguous(), cur.float().contiguous(), score_w.float().contiguous(), out, c, eps,
+                   E=e, CP=cp, BE=max(16, min(1024, 4096 // cp)))
+    return out
+
+
 def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: Tensor, beta: float,
                    linear_beta: float) -> Tensor:
     """sum_m wts[m] * down_sel[m](situ(gate_sel[m](x), up_sel[m](x))) for one token.

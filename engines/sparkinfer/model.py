@@ -295,6 +295,12 @@ class K3Model:
                            situ_joint(h, c.situ_beta, c.situ_linear_beta))
         vec = [m for m in (self.w.output, *(v for lw in self.w.layers for v in lw.values()))
                if isinstance(m, Mat) and _vec_fits(m)]
+        if c.attn_res_block_size > 0:
+            e, rows = c.n_embd, self._res_rows()
+            for n_ckpt in sorted({1, rows - 1}):
+                bank, cur, score = rnd(1, n_ckpt, e), rnd(1, e), rnd(e) * 0.05
+                want = self._res_mix(cur, bank, score)
+                errs[f"res_mix {n_ckpt}"] = rel(kernels.res_mix(bank, cur, score, c.rms_norm_eps, rows), want)
         # every input width compiles its own product kernel: all of them here, so none compiles in a timed step
         by_width = {m.w.shape[1]: m for m in sorted(vec, key=lambda v: v.w.numel(), reverse=True)}
         for width, m in sorted(by_width.items()):
@@ -383,12 +389,21 @@ class K3Model:
             return kernels.situ_vec(h, beta, linear_beta)
         return situ_of(p, gate, up, beta, linear_beta)
 
+    def _res_rows(self) -> int:
+        """Rows of the largest residual mix: every banked checkpoint (one per attn_res block) + the current."""
+        c = self.cfg
+        return -(-c.n_layer // c.attn_res_block_size) + 1 if c.attn_res_block_size > 0 else 1
+
     # -- cross-layer residual attention --------------------------------------------------------
     def _res_mix(self, cur: Tensor, bank: Tensor | None, score_w: Tensor) -> Tensor:
         """Softmax mix of the banked checkpoints and the current stream, scored on their RMS-normed
         values with `score_w` [E]; the sum uses the raw values. cur [T, E], bank [T, C, E] -> [T, E]."""
         if bank is None:
             return cur
+        if self.decode_kernels and cur.shape[0] == 1:
+            from . import kernels
+
+            return kernels.res_mix(bank, cur, score_w, self.cfg.rms_norm_eps, self._res_rows())
         t, n_ckpt, e = bank.shape
         if self.faults.res_strides_transposed:  # the [T, C, E] memory read as if it were [C, T, E]
             bank = bank.contiguous().view(n_ckpt, t, e).transpose(0, 1)
