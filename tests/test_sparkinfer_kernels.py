@@ -127,6 +127,42 @@ def test_res_mix_matches_the_torch_form(kernels, n_ckpt):
         kernels.res_mix(bank, cur, score, 1e-6, max_rows=n_ckpt)
 
 
+def test_kda_step_matches_a_float64_reference(kernels):
+    """The fused KDA token (conv + silu, l2 norms, gate, delta rule, head norm, output gate) against the same
+    arithmetic written out in float64; the conv and delta-rule states are updated in place."""
+    gen = torch.Generator().manual_seed(8)
+    h, hd, kc = 3, 32, 4
+    di = h * hd
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    q, k, v, gf, gout = (r(1, di) for _ in range(5))
+    beta, conv, conv_w = r(1, h), r(3 * di, kc - 1), r(3 * di, 1, kc, scale=0.5)
+    na, dt_na, s, norm_w = r(h).abs() + 0.5, r(h, hd, scale=0.3), r(h, hd, hd, scale=0.1), r(hd).abs()
+    lb, eps, scale = -5.0, 1e-6, hd ** -0.5
+    conv0, s0 = conv.double().clone(), s.double().clone()
+    got = kernels.kda_step(q, k, v, gf, beta, gout, conv, conv_w, na, dt_na, s, norm_w, lb, eps, scale)
+
+    xx = torch.cat([conv0, torch.cat([q, k, v], -1).double().T], 1)  # [3di, K]
+    y = (xx * conv_w[:, 0].double()).sum(-1)
+    y = y * torch.sigmoid(y)
+    qq, kk, vv = (z.view(h, hd) for z in y.split(di))
+    qq = qq / (qq.pow(2).sum(-1, keepdim=True) + eps).sqrt()
+    kk = kk / (kk.pow(2).sum(-1, keepdim=True) + eps).sqrt()
+    g = lb * torch.sigmoid(dt_na.double() + gf.double().view(h, hd) * na.double()[:, None])
+    b = torch.sigmoid(beta.double()).view(h, 1)
+    st = s0 * torch.exp(g)[:, :, None]
+    u = b * (vv - torch.einsum("hi,hij->hj", kk, st))
+    st = st + kk[:, :, None] * u[:, None, :]
+    o = scale * torch.einsum("hi,hij->hj", qq, st)
+    o = o / (o.pow(2).mean(-1, keepdim=True) + eps).sqrt() * norm_w.double()
+    o = o * torch.sigmoid(gout.double().view(h, hd))
+    assert float((got.double().view(h, hd) - o).norm() / o.norm()) < 1e-5
+    assert float((s.double() - st).norm() / st.norm()) < 1e-5
+    assert torch.allclose(conv.double(), xx[:, 1:], rtol=0, atol=0)  # the state shifted by one token
+
+
 def test_mismatched_down_weights_are_refused(kernels):
     w_in = torch.zeros(4, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="down weights"):

@@ -245,6 +245,68 @@ def res_mix(bank: Tensor, cur: Tensor, score_w: Tensor, eps: float, max_rows: in
     return out
 
 
+@triton.jit
+def _conv_silu(x_ptr, state_ptr, w_ptr, ch, KC: tl.constexpr):
+    # one token through the causal depthwise conv of channels ch [HD]: taps 0..KC-2 weigh the state (the last
+    # KC-1 inputs), tap KC-1 the new input; the state shifts by one and keeps the new input; then silu
+    x = tl.load(x_ptr)
+    acc = x * tl.load(w_ptr + ch * KC + (KC - 1))
+    prev = x  # the value state[ch, j] takes: state[ch, j + 1], and the new input for j = KC - 2
+    for jj in range(KC - 1):
+        j = KC - 2 - jj  # from the last tap down, so each old value is read before it is overwritten
+        old = tl.load(state_ptr + ch * (KC - 1) + j)
+        acc += old * tl.load(w_ptr + ch * KC + j)
+        tl.store(state_ptr + ch * (KC - 1) + j, prev)
+        prev = old
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def _kda_step(q_ptr, k_ptr, v_ptr, gf_ptr, beta_ptr, gout_ptr, conv_ptr, convw_ptr, na_ptr, dtna_ptr, s_ptr,
+              norm_ptr, out_ptr, lower_bound, eps, scale, DI: tl.constexpr, HD: tl.constexpr, KC: tl.constexpr):
+    h = tl.program_id(0)
+    d = tl.arange(0, HD)
+    c = h * HD + d  # this head's channels within q, k, v (and its dims within the gates)
+    q = _conv_silu(q_ptr + c, conv_ptr, convw_ptr, c, KC)
+    k = _conv_silu(k_ptr + c, conv_ptr, convw_ptr, DI + c, KC)
+    v = _conv_silu(v_ptr + c, conv_ptr, convw_ptr, 2 * DI + c, KC)
+    q = q / tl.sqrt(tl.sum(q * q, 0) + eps)  # l2 norms
+    k = k / tl.sqrt(tl.sum(k * k, 0) + eps)
+    # K3's gate: lb * sigmoid(exp(A_log) * (f + dt_bias)) = lb * sigmoid(dt_na + f * na), a log decay <= 0
+    g = lower_bound * tl.sigmoid(tl.load(dtna_ptr + c) + tl.load(gf_ptr + c) * tl.load(na_ptr + h))
+    beta = tl.sigmoid(tl.load(beta_ptr + h))
+    sp = s_ptr + h * HD * HD + d[:, None] * HD + d[None, :]  # S[i = key dim, j = value dim]
+    st = tl.load(sp) * tl.exp(g)[:, None]  # S' = diag(exp(g)) S
+    u = beta * (v - tl.sum(k[:, None] * st, 0))  # beta (v - S'^T k)
+    st = st + k[:, None] * u[None, :]  # S = S' + k u^T
+    tl.store(sp, st)
+    o = scale * tl.sum(q[:, None] * st, 0)  # scale * S^T q
+    o = o / tl.sqrt(tl.sum(o * o, 0) / HD + eps) * tl.load(norm_ptr + d)  # rms norm over the head
+    o = o * tl.sigmoid(tl.load(gout_ptr + c))  # the full-rank output gate
+    tl.store(out_ptr + c, o)
+
+
+def kda_step(q: Tensor, k: Tensor, v: Tensor, gf: Tensor, beta: Tensor, gout: Tensor, conv: Tensor,
+             conv_w: Tensor, na: Tensor, dt_na: Tensor, s: Tensor, norm_w: Tensor, lower_bound: float, eps: float,
+             scale: float) -> Tensor:
+    """One token of a KDA layer after its input product, in one launch (one program per head): the causal
+    conv + silu of q, k, v (conv [3di, K-1] updated in place), l2 norms, K3's lower-bounded gate, the delta
+    rule on the state s [H, dk, dv] (updated in place), the head's RMS norm and the output gate.
+
+    q, k, v, gout [1, di], gf [1, di] (the gate's f_b product), beta [1, H]: f32 rows (views of a product);
+    conv_w [3di, 1, K]; na [H] = exp(A_log); dt_na [H, hd] = dt_bias * exp(A_log); norm_w [hd]. -> [1, di] f32."""
+    h, hd, _ = s.shape
+    di = h * hd
+    kc = int(conv_w.shape[-1])
+    if conv.shape != (3 * di, kc - 1) or hd & (hd - 1):
+        raise ValueError(f"kda_step: conv state {tuple(conv.shape)} / head dim {hd} do not fit {h} heads")
+    out = torch.empty(1, di, dtype=torch.float32, device=s.device)
+    rows = [z.reshape(-1).float().contiguous() for z in (q, k, v, gf, beta, gout)]
+    _kda_step[(h,)](*rows, conv, conv_w.contiguous(), na.reshape(-1).contiguous(), dt_na.reshape(-1).contiguous(),
+                    s, norm_w.contiguous(), out, lower_bound, eps, scale, DI=di, HD=hd, KC=kc, num_warps=8)
+    return out
+
+
 def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: Tensor, beta: float,
                    linear_beta: float) -> Tensor:
     """sum_m wts[m] * down_sel[m](situ(gate_sel[m](x), up_sel[m](x))) for one token.

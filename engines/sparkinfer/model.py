@@ -295,6 +295,20 @@ class K3Model:
                            situ_joint(h, c.situ_beta, c.situ_linear_beta))
         vec = [m for m in (self.w.output, *(v for lw in self.w.layers for v in lw.values()))
                if isinstance(m, Mat) and _vec_fits(m)]
+        kda = [il for il in range(c.n_layer) if c.head_count_kv[il] == 0]
+        if kda and self._kda_kernel_fits():  # one KDA layer's step from a random state, both forms
+            klw, x = self.w.layers[kda[0]], rnd(1, c.n_embd)
+            state = self.new_cache(1).layers[kda[0]]
+            state.conv.copy_(rnd(*state.conv.shape))
+            state.s.copy_(rnd(*state.s.shape) * 0.1)
+            twin = KDAState(conv=state.conv.clone(), s=state.s.clone())
+            want = self._kda(klw, x, twin)
+            self.decode_kernels = True
+            try:
+                got = self._kda(klw, x, state)
+            finally:
+                self.decode_kernels = False
+            errs["kda"] = max(rel(got, want), rel(state.s, twin.s), rel(state.conv, twin.conv))
         if c.attn_res_block_size > 0:
             e, rows = c.n_embd, self._res_rows()
             for n_ckpt in sorted({1, rows - 1}):
@@ -389,6 +403,11 @@ class K3Model:
             return kernels.situ_vec(h, beta, linear_beta)
         return situ_of(p, gate, up, beta, linear_beta)
 
+    def _kda_kernel_fits(self) -> bool:
+        """kernels.kda_step's case: K3's lower-bounded gate and a power-of-two head dim."""
+        hd = self.cfg.kda_head_dim
+        return self.cfg.kda_gate_lower_bound is not None and hd > 0 and not hd & (hd - 1)
+
     def _res_rows(self) -> int:
         """Rows of the largest residual mix: every banked checkpoint (one per attn_res block) + the current."""
         c = self.cfg
@@ -420,6 +439,14 @@ class K3Model:
         c = self.cfg
         t, h, hd, di = x.shape[0], c.n_head, c.kda_head_dim, c.kda_inner
         p = project(lw, "kda_in", x, self._linear)
+        if self.decode_kernels and t == 1 and self._kda_kernel_fits():
+            from . import kernels
+
+            na, dt_na = _kda_gate_consts(lw, h, hd)
+            o = kernels.kda_step(p["attn_q"], p["attn_k"], p["attn_v"], self._linear(p["ssm_f_a"], lw["ssm_f_b"]),
+                                 p["ssm_beta"], p["ssm_g"], st.conv, lw["ssm_conv1d"], na, dt_na, st.s,
+                                 lw["ssm_norm"], c.kda_gate_lower_bound, c.rms_norm_eps, 1.0 / math.sqrt(hd))
+            return self._linear(o, lw["attn_output"])
         qkv = torch.cat([p["attn_q"], p["attn_k"], p["attn_v"]], -1)  # [T, 3*di]
         xx = torch.cat([st.conv, qkv.T], 1)  # [3*di, K-1+T]
         st.conv.copy_(xx[:, t:])  # the last K-1 inputs
