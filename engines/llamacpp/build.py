@@ -53,8 +53,16 @@ TOOLS = ("llama-bench", "llama-quantize", "llama-gguf-split", "llama-imatrix")
 DUMPER = "scoreboard-dump-logits"
 DUMPER_SOURCE = Path(__file__).with_name("cpp") / "dump_logits.cpp"
 DUMPER_FLAGS = ("-O2", "-std=c++17", "-Wall")
+# nvcc's host-side intermediate is a pid-named temporary (tmpxft_<pid>_00000000-6_<name>.cudafe1.cpp) and g++
+# records its name in the object's symbol table (the STT_FILE entry; _GLOBAL__sub_I_<name> where the file has a
+# static initializer), so each clean CUDA build gave a different libggml-cuda.so. --objdir-as-tempdir names the
+# intermediates after the object file instead. Measured with nvcc 13.0.88 and g++ 12.2 on ggml-cuda's arange.cu,
+# clamp.cu and argsort.cu (sm_90, ggml's CMake flags): two from-scratch builds in the same directory gave
+# different objects without it and byte-identical objects with it (bench/nvcc-reproducibility.md).
+# CMAKE_CUDA_FLAGS reaches every .cu compile of every target (and, set here, replaces $CUDAFLAGS from the caller).
+CUDA_FLAGS = ("--objdir-as-tempdir",)
 _ENGINE_SET = ("LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "BUILD_SHARED_LIBS", "CMAKE_BUILD_RPATH_USE_ORIGIN", "CMAKE_C_COMPILER",
-               "CMAKE_CXX_COMPILER", "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "GGML_CUDA")
+               "CMAKE_CXX_COMPILER", "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "CMAKE_CUDA_FLAGS", "GGML_CUDA")
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\]")
 _MAKE_STATUS = re.compile(r"^\[\s*(\d+)%\]")
 
@@ -227,7 +235,8 @@ def plan_build(reference: GitReference | SdistReference, device: str = "cpu", re
     arch = ""
     if device == "cuda":
         arch = cuda_architectures()
-        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}", f"-DCMAKE_CUDA_COMPILER={tc.nvcc}"]
+        flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}", f"-DCMAKE_CUDA_COMPILER={tc.nvcc}",
+                  f"-DCMAKE_CUDA_FLAGS={' '.join(CUDA_FLAGS)}"]
     return BuildPlan(reference=reference, ref_id=ref_id, device=device, toolchain=tc, cmake_flags=tuple(flags),
                      targets=TARGETS, cpu=cpu_fingerprint(), cuda_arch=arch, build_commit=stamp)
 
