@@ -11,7 +11,8 @@ through the round's own gate code (preflight, GateStage rows and grading, fresh 
 
 Separated with margin m (the target's ``gate.calibration_margin``, default 20) means, at every gate depth and
 on every seed: noise-floor KL mean <= kl_max / m, correct-engine KL mean <= kl_max and p99 <= kl_p99_max (it
-passes the bars), both with top-1 >= top1_min;
+passes the bars), both with top-1 >= top1_min; the noise floor's top-1 over all seeds' rows >= 0.99 at every
+depth (NOISE_TOP1_POOLED_MIN);
 and every fault, on its best seed (lowest KL), reads KL mean >= kl_max x m at its worst depth (the depth at
 which the gate rejects it). A fault's top-1 may be anything: the KL bar alone already rejects it with margin.
 
@@ -51,6 +52,11 @@ DEFAULT_SEEDS = 20
 # default 20 seeds in one launch per arm; each seed in a launch gets the target's worker timeout (speed.timeout_s)
 SEEDS_PER_WORKER = 20
 PRECISION = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
+# Rounding alone may flip at most this share of the gate's argmaxes, pooled over every seed's rows at each depth:
+# a workload whose top-1 moves under f16 rounding more often is ill-conditioned (routing near-ties), and its
+# gate cannot tell a correct engine from a broken one. Pooled, not per seed: on 32 rows a single near-tie flip
+# already reads 0.969, while 20 seeds x 32 rows resolve a 1% rate.
+NOISE_TOP1_POOLED_MIN = 0.99
 
 Report = Callable[..., None]
 
@@ -158,6 +164,18 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _pooled_top1(record: Mapping[str, Any], arm: str) -> dict[int, float]:
+    """depth -> top-1 agreement over every seed's rows at that depth (each seed weighted by its row count)."""
+    hits: dict[int, float] = {}
+    rows: dict[int, int] = {}
+    for run in record["runs"]:
+        for d in run[arm]:
+            n = int(d.get("rows") or 1)
+            hits[int(d["depth"])] = hits.get(int(d["depth"]), 0.0) + float(d["top1"]) * n
+            rows[int(d["depth"])] = rows.get(int(d["depth"]), 0) + n
+    return {d: hits[d] / rows[d] for d in hits}
+
+
 def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[str]:
     """Every bar the record's measurements do not separate with the policy's margin ([] = separated).
     Each problem names the arm, the bar, the seed and depth, and by how much it misses."""
@@ -197,6 +215,11 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
             v, s, d = worst_top1
             problems.append(f"{label}: top-1 {v:.4f} at depth {d} (seed {s}) < top1_min {policy.top1_min:g} "
                             f"({policy.top1_min - v:.4f} short)")
+    for d, t1 in sorted(_pooled_top1(record, "noise_floor").items()):
+        if t1 < NOISE_TOP1_POOLED_MIN:
+            problems.append(f"{labels['noise_floor']}: top-1 over all seeds' rows {t1:.4f} at depth {d} < "
+                            f"{NOISE_TOP1_POOLED_MIN:g} ({NOISE_TOP1_POOLED_MIN - t1:.4f} short): rounding alone "
+                            "flips the argmax too often for this workload")
     for name in record.get("faults") or []:
         best = None
         for run in record["runs"]:

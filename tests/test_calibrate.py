@@ -133,6 +133,35 @@ def test_round_refuses_a_noise_floor_above_the_bar_over_margin(lock, tmp_path):
     assert "kl_max / margin" in exc.message and "(2x over)" in exc.message
 
 
+def _noise_top1(rec: dict, lock: Path, flips: dict[int, int]) -> dict:
+    """The record with `flips[i]` argmax flips in seed i's noise-floor rows at the last depth, summary and
+    separation recomputed."""
+    t = load_lock(lock).target(TARGET)
+    for i, run in enumerate(rec["runs"]):
+        row = run["noise_floor"][-1]
+        row["top1"] = 1.0 - flips.get(i, 0) / row["rows"]
+    rec["summary"] = summary(rec)
+    problems = separation_problems(rec, t.gate)
+    rec["separation"] = {"separated": not problems, "problems": problems}
+    return rec
+
+
+def test_noise_floor_top1_is_judged_over_all_seeds_rows(lock, tmp_path):
+    """One near-tie flip on one seed (top-1 0.969 on its 32 rows) is rounding noise; flips on 1.6% of all
+    rows mean rounding moves the argmax too often for the gate to judge."""
+    seeds = tuple(range(1, 21))
+    rows = load_lock(lock).target(TARGET).gate.rows_per_depth
+    one = _noise_top1(synthetic(lock, seeds=seeds), lock, {3: 1})
+    assert one["separation"]["separated"], one["separation"]["problems"]
+    many = _noise_top1(synthetic(lock, seeds=seeds), lock, {i: 1 for i in range(0, 20, 2)} | {1: 1})
+    pooled = 1 - 11 / (20 * rows)
+    assert pooled < 0.99
+    assert any(f"top-1 over all seeds' rows {pooled:.4f}" in p for p in many["separation"]["problems"])
+    write_record(many, tmp_path / "rounds")
+    exc = _refusal(lock, tmp_path)
+    assert "flips the argmax too often" in exc.message
+
+
 def test_the_latest_calibration_counts_not_an_older_good_one(lock, tmp_path):
     rounds = tmp_path / "rounds"
     write_record(synthetic(lock), rounds)

@@ -100,7 +100,7 @@ def _experts_down_sum(a_ptr, w_ptr, sel_ptr, wts_ptr, out_ptr,
 
 
 @triton.jit
-def _linear_vec(x_ptr, w_ptr, out_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _linear_vec(x_ptr, w_ptr, out_ptr, N, K, BN: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN] output columns
     ok = rows < N
     acc = tl.zeros([BN, BK], dtype=tl.float32)  # reduced once at the end: independent partial sums in flight
@@ -117,13 +117,14 @@ def _linear_vec(x_ptr, w_ptr, out_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK:
 def linear_vec(x: Tensor, w: Tensor) -> Tensor:
     """x [1, K] (f32) times w [N, K] (f16/bf16, contiguous) -> [1, N] f32 in one launch: the activation stays
     f32 and the products accumulate in f32 (the torch form takes three launches: x to f16, the product, the
-    result back to f32). K is a compile-time constant (one compile per input width; N is not)."""
+    result back to f32). Neither width is a compile-time constant: every product shares one compile (each
+    sandboxed worker compiles afresh, so compiles are paid per launch)."""
     n, k = w.shape
     xv = x.reshape(-1).float()
     if xv.shape[0] != k:
         raise ValueError(f"activation of {xv.shape[0]} values for a [{n}, {k}] matrix")
     out = torch.empty(1, n, dtype=torch.float32, device=x.device)
-    _linear_vec[(triton.cdiv(n, BLOCK_N),)](xv.contiguous(), w, out, n, K=k, BN=BLOCK_N, BK=BLOCK_K)
+    _linear_vec[(triton.cdiv(n, BLOCK_N),)](xv.contiguous(), w, out, n, k, BN=BLOCK_N, BK=BLOCK_K)
     return out
 
 

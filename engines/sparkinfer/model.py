@@ -269,8 +269,8 @@ class K3Model:
 
     def _kernel_errors(self, kernels: Any, lw: dict[str, Any]) -> dict[str, float]:
         """Each kernel's relative error against the torch form (self.decode_kernels is still off), on random
-        inputs and this model's weights: the first MoE layer's experts and routing, situ, and the smallest
-        product of each input width the product kernel takes."""
+        inputs and this model's weights: the first MoE layer's experts and routing, a KDA layer's step, situ,
+        the residual mix, and the smallest product of each kind the product kernel takes."""
         c, dev = self.cfg, self.device
         gen = torch.Generator().manual_seed(0)
 
@@ -315,11 +315,12 @@ class K3Model:
                 bank, cur, score = rnd(1, n_ckpt, e), rnd(1, e), rnd(e) * 0.05
                 want = self._res_mix(cur, bank, score)
                 errs[f"res_mix {n_ckpt}"] = rel(kernels.res_mix(bank, cur, score, c.rms_norm_eps, rows), want)
-        # every input width compiles its own product kernel: all of them here, so none compiles in a timed step
-        by_width = {m.w.shape[1]: m for m in sorted(vec, key=lambda v: v.w.numel(), reverse=True)}
-        for width, m in sorted(by_width.items()):
-            xv = rnd(1, width)
-            errs[f"product {width}"] = rel(kernels.linear_vec(xv, m.w), linear(xv, m))
+        # Triton specializes an integer argument on its divisibility by 16: one product of each kind compiles
+        # here, so none compiles in a timed step
+        by_kind = {(m.w.shape[0] % 16 == 0, m.w.shape[1] % 16 == 0): m for m in sorted(vec, key=lambda v: -v.w.numel())}
+        for m in by_kind.values():
+            xv = rnd(1, m.w.shape[1])
+            errs[f"product {tuple(m.w.shape)}"] = rel(kernels.linear_vec(xv, m.w), linear(xv, m))
         return errs
 
     # -- state ---------------------------------------------------------------------------------
