@@ -75,6 +75,14 @@ def test_linear_vec_matches_float64(kernels, dtype):
     assert float((got[0].double() - want).norm() / want.norm()) < 1e-5
     with pytest.raises(ValueError, match="activation of 299 values"):
         kernels.linear_vec(base[:, 6:], w)
+    # the RMSNorm prologue and the residual epilogue
+    nw, add = torch.rand(k, generator=gen) + 0.5, torch.randn(1, n, generator=gen)
+    xd = x[0].double()
+    want = add[0].double() + w.double() @ (xd / (xd.pow(2).mean() + 1e-6).sqrt() * nw.double())
+    got = kernels.linear_vec(x, w, nw, 1e-6, add)
+    assert float((got[0].double() - want).norm() / want.norm()) < 1e-5
+    with pytest.raises(ValueError, match="do not fit"):
+        kernels.linear_vec(x, w, nw[:-1], 1e-6)
 
 
 @pytest.mark.parametrize("sigmoid,norm,scale", [(True, True, 2.0), (False, False, 1.0), (True, False, 0.0)])

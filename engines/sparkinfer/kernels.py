@@ -100,31 +100,53 @@ def _experts_down_sum(a_ptr, w_ptr, sel_ptr, wts_ptr, out_ptr,
 
 
 @triton.jit
-def _linear_vec(x_ptr, w_ptr, out_ptr, N, K, BN: tl.constexpr, BK: tl.constexpr):
+def _linear_vec(x_ptr, w_ptr, out_ptr, norm_ptr, add_ptr, N, K, eps, HAS_NORM: tl.constexpr, HAS_ADD: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)  # [BN] output columns
     ok = rows < N
+    r = 1.0
+    if HAS_NORM:  # RMSNorm of the activation first: every program sums x^2 itself (x is K floats, from cache)
+        sq = tl.zeros([BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + tl.arange(0, BK)
+            xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+            sq += xv * xv
+        r = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
     acc = tl.zeros([BN, BK], dtype=tl.float32)  # reduced once at the end: independent partial sums in flight
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         kmask = kk < K
-        xv = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        xv = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            xv = xv * r * tl.load(norm_ptr + kk, mask=kmask, other=0.0)
         wt = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :], mask=ok[:, None] & kmask[None, :],
                      other=0.0)
-        acc += wt.to(tl.float32) * xv
-    tl.store(out_ptr + rows, tl.sum(acc, 1), mask=ok)
+        acc += wt.to(tl.float32) * xv[None, :]
+    y = tl.sum(acc, 1)
+    if HAS_ADD:  # the residual stream added in the epilogue
+        y += tl.load(add_ptr + rows, mask=ok, other=0.0)
+    tl.store(out_ptr + rows, y, mask=ok)
 
 
-def linear_vec(x: Tensor, w: Tensor) -> Tensor:
-    """x [1, K] (f32) times w [N, K] (f16/bf16, contiguous) -> [1, N] f32 in one launch: the activation stays
+def linear_vec(x: Tensor, w: Tensor, norm: Tensor | None = None, eps: float = 0.0,
+               add: Tensor | None = None) -> Tensor:
+    """x [1, K] (f32) times w [N, K] (f16/bf16/f32, contiguous) -> [1, N] f32 in one launch: the activation stays
     f32 and the products accumulate in f32 (the torch form takes three launches: x to f16, the product, the
-    result back to f32). Neither width is a compile-time constant: every product shares one compile (each
-    sandboxed worker compiles afresh, so compiles are paid per launch)."""
+    result back to f32). With `norm` [K], x is RMS-normed first (x / sqrt(mean(x^2) + eps) * norm, the launch
+    a separate RMSNorm would take); with `add` [1, N], the result is add + x w^T (the residual add's launch).
+    Neither width is a compile-time constant: every product shares one compile (each sandboxed worker compiles
+    afresh, so compiles are paid per launch)."""
     n, k = w.shape
     xv = x.reshape(-1).float()
     if xv.shape[0] != k:
         raise ValueError(f"activation of {xv.shape[0]} values for a [{n}, {k}] matrix")
+    if norm is not None and norm.numel() != k or add is not None and add.numel() != n:
+        raise ValueError(f"norm weight / addend do not fit a [{n}, {k}] matrix")
     out = torch.empty(1, n, dtype=torch.float32, device=x.device)
-    _linear_vec[(triton.cdiv(n, BLOCK_N),)](xv.contiguous(), w, out, n, k, BN=BLOCK_N, BK=BLOCK_K)
+    nv = out if norm is None else norm.reshape(-1).float().contiguous()  # a placeholder pointer when unused
+    av = out if add is None else add.reshape(-1).float().contiguous()
+    _linear_vec[(triton.cdiv(n, BLOCK_N),)](xv.contiguous(), w, out, nv, av, n, k, eps, HAS_NORM=norm is not None,
+                                            HAS_ADD=add is not None, BN=BLOCK_N, BK=BLOCK_K)
     return out
 
 

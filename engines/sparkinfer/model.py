@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -321,6 +322,11 @@ class K3Model:
         for m in by_kind.values():
             xv = rnd(1, m.w.shape[1])
             errs[f"product {tuple(m.w.shape)}"] = rel(kernels.linear_vec(xv, m.w), linear(xv, m))
+        if vec:  # with the RMSNorm prologue and the residual epilogue
+            m = min(vec, key=lambda v: v.w.numel())
+            xv, nw, add = rnd(1, m.w.shape[1]), rnd(m.w.shape[1]).abs(), rnd(1, m.w.shape[0])
+            want = add + linear(rms_norm(xv, nw, c.rms_norm_eps), m)
+            errs["product+norm+add"] = rel(kernels.linear_vec(xv, m.w, nw, c.rms_norm_eps, add), want)
         return errs
 
     # -- state ---------------------------------------------------------------------------------
@@ -354,6 +360,7 @@ class K3Model:
         elif cache.n_past + t > cache.n_ctx:
             raise ValueError(f"context overflow: {cache.n_past} + {t} tokens > n_ctx {cache.n_ctx}")
         x = self.w.tok_embd[ids].float()  # [T, E] residual stream, f32
+        fuse = self.decode_kernels and t == 1
         bank: Tensor | None = None  # [T, C, E] raw checkpoints of the residual stream
         use_res = c.attn_res_block_size > 0
         for il in range(c.n_layer):
@@ -363,18 +370,25 @@ class K3Model:
             banked = use_res and il % c.attn_res_block_size == 0
             if banked:  # bank the RAW layer input, then restart the stream from the attention output
                 bank = prefix[:, None] if bank is None else torch.cat([bank, prefix[:, None]], 1)
-            cur = rms_norm(cur, lw["attn_norm"], c.rms_norm_eps)
+            # one token with the decode kernels: each norm runs inside the product that reads it, each residual
+            # add in the epilogue of the product that ends the block (kernels.linear_vec)
+            norm = lw["attn_norm"] if fuse else None
+            if not fuse:
+                cur = rms_norm(cur, lw["attn_norm"], c.rms_norm_eps)
+            res = prefix if fuse and not banked else None
             src = self.attn_src[il]
             if c.head_count_kv[src] == 0:
-                cur = self._kda(self.w.layers[src], cur, cache.layers[src])
+                cur = self._kda(self.w.layers[src], cur, cache.layers[src], norm, res)
             else:
                 at = cache.n_past if pos is None else pos
-                cur = self._mla(self.w.layers[src], cur, cache.layers[src], at, span)
-            prefix = cur if banked else prefix + cur
+                cur = self._mla(self.w.layers[src], cur, cache.layers[src], at, span, norm, res)
+            prefix = cur if banked or fuse else prefix + cur
             cur = self._res_mix(prefix, bank, lw["ffn_res_score"]) if use_res else prefix
-            cur = rms_norm(cur, lw["ffn_norm"], c.rms_norm_eps)
-            cur = self._dense(lw, cur) if il < c.n_layer_dense_lead else self._moe(lw, cur)
-            x = prefix + cur
+            ffn = self._dense if il < c.n_layer_dense_lead else self._moe
+            if fuse:
+                x = ffn(lw, cur, lw["ffn_norm"], prefix)
+            else:
+                x = prefix + ffn(lw, rms_norm(cur, lw["ffn_norm"], c.rms_norm_eps))
         if pos is None:
             cache.n_past += t
         if out_rows is None:
@@ -384,16 +398,19 @@ class K3Model:
             x = self._res_mix(x[out_rows], None if bank is None else bank[out_rows], score)  # type: ignore[arg-type]
         else:
             x = x[out_rows]
-        x = rms_norm(x, self.w.output_norm, c.rms_norm_eps)
-        return self._linear(x, self.w.output)  # [R, V]
+        return self._linear(x, self.w.output, self.w.output_norm)  # [R, V], normed first
 
-    def _linear(self, x: Tensor, m: Mat) -> Tensor:
-        """`linear`, or for one token with the decode kernels on and a matrix they take, kernels.linear_vec."""
+    def _linear(self, x: Tensor, m: Mat, norm: Tensor | None = None, add: Tensor | None = None) -> Tensor:
+        """add + linear(rms_norm(x, norm), m) (norm, add optional); for one token with the decode kernels on and
+        a matrix they take, in one launch (kernels.linear_vec)."""
         if self.decode_kernels and x.shape[0] == 1 and x.dim() == 2 and _vec_fits(m):
             from . import kernels
 
-            return kernels.linear_vec(x, m.w)
-        return linear(x, m)
+            return kernels.linear_vec(x, m.w, norm, self.cfg.rms_norm_eps, add)
+        if norm is not None:
+            x = rms_norm(x, norm, self.cfg.rms_norm_eps)
+        y = linear(x, m)
+        return y if add is None else add + y
 
     def _situ_of(self, p: Products, gate: str, up: str, beta: float, linear_beta: float) -> Tensor:
         """`situ_of`, or for one token with the decode kernels on and the halves joined, kernels.situ_vec."""
@@ -435,11 +452,13 @@ class K3Model:
         return torch.bmm(p[:, None, :], allc)[:, 0]  # [T, E]
 
     # -- KDA (Kimi Delta Attention) ------------------------------------------------------------
-    def _kda(self, lw: dict[str, Any], x: Tensor, st: KDAState) -> Tensor:
-        """x [T, E] (normed) -> [T, E]; updates st.conv and st.s in place (a CUDA graph holds their storage)."""
+    def _kda(self, lw: dict[str, Any], x: Tensor, st: KDAState, norm: Tensor | None = None,
+             residual: Tensor | None = None) -> Tensor:
+        """x [T, E] (normed, or RMS-normed here by `norm`) -> [T, E] (+ residual); updates st.conv and st.s in
+        place (a CUDA graph holds their storage)."""
         c = self.cfg
         t, h, hd, di = x.shape[0], c.n_head, c.kda_head_dim, c.kda_inner
-        p = project(lw, "kda_in", x, self._linear)
+        p = project(lw, "kda_in", x, partial(self._linear, norm=norm))
         if self.decode_kernels and t == 1 and self._kda_kernel_fits():
             from . import kernels
 
@@ -447,7 +466,7 @@ class K3Model:
             o = kernels.kda_step(p["attn_q"], p["attn_k"], p["attn_v"], self._linear(p["ssm_f_a"], lw["ssm_f_b"]),
                                  p["ssm_beta"], p["ssm_g"], st.conv, lw["ssm_conv1d"], na, dt_na, st.s,
                                  lw["ssm_norm"], c.kda_gate_lower_bound, c.rms_norm_eps, 1.0 / math.sqrt(hd))
-            return self._linear(o, lw["attn_output"])
+            return self._linear(o, lw["attn_output"], add=residual)
         qkv = torch.cat([p["attn_q"], p["attn_k"], p["attn_v"]], -1)  # [T, 3*di]
         xx = torch.cat([st.conv, qkv.T], 1)  # [3*di, K-1+T]
         st.conv.copy_(xx[:, t:])  # the last K-1 inputs
@@ -471,15 +490,17 @@ class K3Model:
             st.s.copy_(s)
         o = rms_norm(o, lw["ssm_norm"], c.rms_norm_eps)  # [T, H, hd]
         o = o * torch.sigmoid(p["ssm_g"]).view(t, h, hd)  # full-rank output gate
-        return self._linear(o.reshape(t, di), lw["attn_output"])
+        return self._linear(o.reshape(t, di), lw["attn_output"], add=residual)
 
     # -- MLA (multi-head latent attention, NoPE, stored as one latent MQA head) -----------------
-    def _mla(self, lw: dict[str, Any], x: Tensor, st: MLAState, n_past: int | Tensor, span: int = 0) -> Tensor:
-        """x [T, E] (normed) -> [T, E]; appends T latent rows to st.latent at n_past (a [1] device tensor in
-        the static step, which then attends over the first `span` rows)."""
+    def _mla(self, lw: dict[str, Any], x: Tensor, st: MLAState, n_past: int | Tensor, span: int = 0,
+             norm: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+        """x [T, E] (normed, or RMS-normed here by `norm`) -> [T, E] (+ residual); appends T latent rows to
+        st.latent at n_past (a [1] device tensor in the static step, which then attends over the first `span`
+        rows)."""
         c = self.cfg
         t, h, kvr, nope = x.shape[0], c.n_head, c.kv_lora_rank, c.qk_nope_dim
-        p = project(lw, "mla_in", x, self._linear)
+        p = project(lw, "mla_in", x, partial(self._linear, norm=norm))
         if c.q_lora_rank > 0:
             q = self._linear(rms_norm(p["attn_q_a"], lw["attn_q_a_norm"], c.rms_norm_eps), lw["attn_q_b"])
         else:
@@ -508,20 +529,26 @@ class K3Model:
             o = torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
         if "attn_gate" in p:  # K3: sigmoid output gate on the normed layer input
             o = o * torch.sigmoid(p["attn_gate"]).view(t, h, -1)
-        return self._linear(o.reshape(t, -1), lw["attn_output"])
+        return self._linear(o.reshape(t, -1), lw["attn_output"], add=residual)
 
     # -- FFN -----------------------------------------------------------------------------------
-    def _dense(self, lw: dict[str, Any], x: Tensor) -> Tensor:
+    def _dense(self, lw: dict[str, Any], x: Tensor, norm: Tensor | None = None,
+               residual: Tensor | None = None) -> Tensor:
+        """x [T, E] (normed, or RMS-normed here by `norm`) -> [T, E] (+ residual)."""
         c = self.cfg
-        p = project(lw, "dense_in", x, self._linear)
+        p = project(lw, "dense_in", x, partial(self._linear, norm=norm))
         a = self._situ_of(p, "ffn_gate", "ffn_up", c.situ_beta, c.situ_linear_beta)
-        return self._linear(a, lw["ffn_down"])
+        return self._linear(a, lw["ffn_down"], add=residual)
 
-    def _moe(self, lw: dict[str, Any], x: Tensor) -> Tensor:
-        """Latent MoE: router on the full-width x [T, E]; experts at the latent width; shared at E."""
+    def _moe(self, lw: dict[str, Any], x: Tensor, norm: Tensor | None = None,
+             residual: Tensor | None = None) -> Tensor:
+        """Latent MoE: router on the full-width x [T, E] (normed, or RMS-normed here by `norm`); experts at the
+        latent width; shared at E. -> [T, E] (+ residual)."""
         c = self.cfg
-        logits = linear(x, lw["ffn_gate_inp"])  # [T, n_expert] (float32 router, not fused)
-        p = project(lw, "moe_in", x, self._linear)
+        if norm is not None and self.faults.experts_hidden_width:  # the fault reads the normed stream itself
+            x, norm = rms_norm(x, norm, c.rms_norm_eps), None
+        logits = self._linear(x, lw["ffn_gate_inp"], norm)  # [T, n_expert] (float32 router, not fused)
+        p = project(lw, "moe_in", x, partial(self._linear, norm=norm))
         sel, wts = self._route(lw, logits)
         lat = c.expert_latent_length
         if self.faults.experts_hidden_width:
@@ -529,15 +556,17 @@ class K3Model:
         else:
             xin = p["ffn_routed_down"]  # [T, lat]
         out = self._experts(lw, xin, sel, wts)  # [T, lat]
-        if "ffn_routed_norm" in lw:
-            out = rms_norm(out, lw["ffn_routed_norm"], c.rms_norm_eps)
+        routed_norm = lw.get("ffn_routed_norm")
         if self.faults.experts_hidden_width:
+            if routed_norm is not None:
+                out = rms_norm(out, routed_norm, c.rms_norm_eps)
             out = F.pad(out, (0, c.n_embd - lat))
+            out = out if residual is None else residual + out
         else:
-            out = self._linear(out, lw["ffn_routed_up"])  # [T, E]
+            out = self._linear(out, lw["ffn_routed_up"], routed_norm, residual)  # [T, E]
         if "ffn_gate_shexp" in p:
             sh = self._situ_of(p, "ffn_gate_shexp", "ffn_up_shexp", c.situ_beta, c.situ_linear_beta)
-            out = out + self._linear(sh, lw["ffn_down_shexp"])
+            out = self._linear(sh, lw["ffn_down_shexp"], add=out)
         return out
 
     def _route(self, lw: dict[str, Any], logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -637,9 +666,10 @@ KERNEL_CHECK_TOL = 1e-2  # enable_decode_kernels: f16 rounding of the torch form
 
 
 def _vec_fits(m: Mat) -> bool:
-    """A plain [out, in] f16/bf16 matrix whose activation is not rounded to a quantized type: linear_vec's case."""
+    """A plain [out, in] f16/bf16/f32 matrix (f32: the router) whose activation is not rounded to a quantized type:
+    linear_vec's case."""
     w = m.w
-    return (w.dim() == 2 and m.act is None and w.dtype in (torch.float16, torch.bfloat16)
+    return (w.dim() == 2 and m.act is None and w.dtype in (torch.float16, torch.bfloat16, torch.float32)
             and w.numel() <= VEC_MAX_ELEMENTS and w.is_contiguous())
 
 
