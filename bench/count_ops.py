@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         K.situ_vec = counted(K.situ_vec, 1)
         K.res_mix = counted(K.res_mix, 1)
         K.kda_step = counted(K.kda_step, 1)
+        K.mla_decode = counted(K.mla_decode, 4)
         print(prep.handle.model.enable_decode_kernels(), file=sys.stderr)
     res = {}
     for phase, wl in (("decode", Workload.split("decode", args.depth, 1, ids[:args.depth + 1])),

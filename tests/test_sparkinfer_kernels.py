@@ -171,6 +171,38 @@ def test_kda_step_matches_a_float64_reference(kernels):
     assert torch.allclose(conv.double(), xx[:, 1:], rtol=0, atol=0)  # the state shifted by one token
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, gated):
+    """The token's latent row is written at pos (normed, f16), and the absorbed attention over rows 0..pos of
+    the span (the rows beyond pos masked, several splits) matches the same arithmetic in float64."""
+    monkeypatch.setattr(kernels, "MLA_ROWS", 64)  # 3 splits over the span, one of them past pos
+    gen = torch.Generator().manual_seed(9 + gated)
+    h, kvr, rope, nope, v, n_ctx, span, pos = 2, 64, 16, 32, 32, 256, 160, 100
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    q, kv, kv_norm = r(1, h, nope + rope), r(1, kvr + rope), r(kvr).abs() + 0.5
+    latent = r(n_ctx, kvr + rope).half()
+    before = latent.clone()
+    wk_b, wv_b = r(h, kvr, nope, scale=0.2).half(), r(h, v, kvr, scale=0.2).half()
+    gate = r(1, h * v) if gated else None
+    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
+
+    kvd = kv[0].double()
+    row = torch.cat([kvd[:kvr] / (kvd[:kvr].pow(2).mean() + 1e-6).sqrt() * kv_norm.double(), kvd[kvr:]])
+    assert torch.equal(latent[pos], row.half())  # the row written, f16
+    assert torch.equal(latent[:pos], before[:pos]) and torch.equal(latent[pos + 1:], before[pos + 1:])
+    lat = latent[:pos + 1].double()
+    qd = q[0].double()
+    q_abs = torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double())
+    sc = (q_abs @ lat[:, :kvr].T + qd[:, nope:] @ lat[:, kvr:].T) * 0.1  # [H, pos + 1]
+    o = torch.einsum("hc,hvc->hv", torch.softmax(sc, -1) @ lat[:, :kvr], wv_b.double())
+    if gated:
+        o = o * torch.sigmoid(gate.double().view(h, v))
+    assert float((got.double().view(h, v) - o).norm() / o.norm()) < 1e-5
+
+
 def test_mismatched_down_weights_are_refused(kernels):
     w_in = torch.zeros(4, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="down weights"):

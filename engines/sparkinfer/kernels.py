@@ -34,6 +34,8 @@ BLOCK_F = 32  # output columns of a per program in experts_in_situ (each reads 2
 BLOCK_L = 8  # output rows per program in experts_down_sum (k3-gpu's latent 1024: 128 programs)
 BLOCK_N = 16  # output columns per program in linear_vec
 BLOCK_SITU = 1024  # columns per program in situ_vec
+MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
+MLA_BT = 16  # rows per step inside one
 BLOCK_K = 128  # reduction step (f16 weights: 256 bytes per row per step)
 
 
@@ -327,6 +329,122 @@ def kda_step(q: Tensor, k: Tensor, v: Tensor, gf: Tensor, beta: Tensor, gout: Te
     rows = [z.reshape(-1).float().contiguous() for z in (q, k, v, gf, beta, gout)]
     _kda_step[(h,)](*rows, conv, conv_w.contiguous(), na.reshape(-1).contiguous(), dt_na.reshape(-1).contiguous(),
                     s, norm_w.contiguous(), out, lower_bound, eps, scale, DI=di, HD=hd, KC=kc, num_warps=8)
+    return out
+
+
+@triton.jit
+def _mla_kv_write(kv_ptr, norm_ptr, lat_ptr, pos_ptr, eps, KVR: tl.constexpr, ROPE: tl.constexpr):
+    # the token's latent row: RMS-normed compressed kv | k_pe, stored as f16 at row pos
+    c = tl.arange(0, KVR)
+    r = tl.arange(0, ROPE)
+    kv = tl.load(kv_ptr + c)
+    kv = kv / tl.sqrt(tl.sum(kv * kv, 0) / KVR + eps) * tl.load(norm_ptr + c)
+    row = lat_ptr + tl.load(pos_ptr).to(tl.int64) * (KVR + ROPE)
+    tl.store(row + c, kv.to(tl.float16))
+    tl.store(row + KVR + r, tl.load(kv_ptr + KVR + r).to(tl.float16))
+
+
+@triton.jit
+def _mla_qabs(q_ptr, wkb_ptr, qabs_ptr, KVR: tl.constexpr, ROPE: tl.constexpr, NOPE: tl.constexpr,
+              BC: tl.constexpr):
+    # q absorbed into the latent space: q_abs[h, c] = sum_n q_nope[h, n] wk_b[h, c, n]
+    h = tl.program_id(0)
+    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    n = tl.arange(0, NOPE)
+    qn = tl.load(q_ptr + h * (NOPE + ROPE) + n)
+    wk = tl.load(wkb_ptr + h * KVR * NOPE + cc[:, None] * NOPE + n[None, :]).to(tl.float32)
+    tl.store(qabs_ptr + h * KVR + cc, tl.sum(wk * qn[None, :], 1))
+
+
+@triton.jit
+def _mla_attend(q_ptr, qabs_ptr, lat_ptr, pos_ptr, part_ptr, scale, N_SPLIT, KVR: tl.constexpr,
+                ROPE: tl.constexpr, NOPE: tl.constexpr, ROWS: tl.constexpr, BT: tl.constexpr):
+    # one (head, split of the cache rows): an online softmax over the split's rows 0..pos; writes (running
+    # max, running sum, weighted latent sum [KVR]) for the combine
+    h = tl.program_id(0)
+    sp = tl.program_id(1)
+    c = tl.arange(0, KVR)
+    r = tl.arange(0, ROPE)
+    q_abs = tl.load(qabs_ptr + h * KVR + c)
+    q_pe = tl.load(q_ptr + h * (NOPE + ROPE) + NOPE + r)
+    pos = tl.load(pos_ptr).to(tl.int32)
+    m = -float("inf")
+    total = 0.0
+    acc = tl.zeros([KVR], dtype=tl.float32)
+    for t0 in range(0, ROWS, BT):
+        t = sp * ROWS + t0 + tl.arange(0, BT)
+        live = t <= pos
+        rowp = lat_ptr + t.to(tl.int64)[:, None] * (KVR + ROPE)
+        lat = tl.load(rowp + c[None, :], mask=live[:, None], other=0.0).to(tl.float32)  # [BT, KVR]
+        pe = tl.load(rowp + KVR + r[None, :], mask=live[:, None], other=0.0).to(tl.float32)  # [BT, ROPE]
+        sc = (tl.sum(lat * q_abs[None, :], 1) + tl.sum(pe * q_pe[None, :], 1)) * scale
+        sc = tl.where(live, sc, -float("inf"))
+        m_new = tl.maximum(m, tl.max(sc, 0))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a split with no live row so far
+        pw = tl.exp(sc - m_safe)
+        alpha = tl.exp(m - m_safe)
+        total = total * alpha + tl.sum(pw, 0)
+        acc = acc * alpha + tl.sum(lat * pw[:, None], 0)
+        m = m_new
+    out = part_ptr + (h * N_SPLIT + sp) * (KVR + 2)
+    tl.store(out, m)
+    tl.store(out + 1, total)
+    tl.store(out + 2 + c, acc)
+
+
+@triton.jit
+def _mla_combine(part_ptr, wvb_ptr, gate_ptr, out_ptr, N_SPLIT, HAS_GATE: tl.constexpr, KVR: tl.constexpr,
+                 V: tl.constexpr, NSP: tl.constexpr, BV: tl.constexpr):
+    # one head: the splits merged (softmax over all live rows), then out of the latent space through wv_b
+    h = tl.program_id(0)
+    c = tl.arange(0, KVR)
+    sps = tl.arange(0, NSP)
+    ok = sps < N_SPLIT
+    base = part_ptr + (h * N_SPLIT + sps) * (KVR + 2)
+    ms = tl.load(base, mask=ok, other=-float("inf"))
+    ls = tl.load(base + 1, mask=ok, other=0.0)
+    mm = tl.max(ms, 0)
+    wsp = tl.where(ms == -float("inf"), 0.0, tl.exp(ms - mm))  # a split with no live row weighs nothing
+    accs = tl.load(base[:, None] + 2 + c[None, :], mask=ok[:, None], other=0.0)  # [NSP, KVR]
+    o_lat = tl.sum(accs * wsp[:, None], 0) / tl.sum(ls * wsp, 0)  # [KVR]
+    for v0 in range(0, V, BV):
+        vv = v0 + tl.arange(0, BV)
+        wv = tl.load(wvb_ptr + h * V * KVR + vv[:, None] * KVR + c[None, :]).to(tl.float32)  # [BV, KVR]
+        o = tl.sum(wv * o_lat[None, :], 1)
+        if HAS_GATE:
+            o = o * tl.sigmoid(tl.load(gate_ptr + h * V + vv))
+        tl.store(out_ptr + h * V + vv, o)
+
+
+def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tensor, span: int, wk_b: Tensor,
+               wv_b: Tensor, gate: Tensor | None, scale: float, eps: float) -> Tensor:
+    """One token of MLA's absorbed attention in four launches: its latent row (RMS-normed kv | k_pe, f16)
+    written at `pos`, q absorbed through wk_b, a split online softmax over rows 0..pos of the first `span`
+    rows, and the combine out through wv_b (times the sigmoid output gate). Widths must be powers of two.
+
+    q [1, H, nope + rope] f32; kv [1, kvr + rope] f32; kv_norm [kvr]; latent [n_ctx, kvr + rope] f16 (written in
+    place); pos [1] long on the device; wk_b [H, kvr, nope], wv_b [H, v, kvr] f16; gate [1, H * v] or None.
+    -> [1, H * v] f32."""
+    _, h, qlen = q.shape
+    kvr, nope, v = int(wk_b.shape[1]), int(wk_b.shape[2]), int(wv_b.shape[1])
+    rope = qlen - nope
+    if latent.shape[1] != kvr + rope or latent.dtype != torch.float16 or wv_b.shape != (h, v, kvr):
+        raise ValueError(f"mla_decode: latent {tuple(latent.shape)} {latent.dtype} / wv_b {tuple(wv_b.shape)} do "
+                         f"not fit kvr {kvr} + rope {rope}, {h} heads")
+    kvf = kv.reshape(-1).float().contiguous()
+    _mla_kv_write[(1,)](kvf, kv_norm.float().contiguous(), latent, pos, eps, KVR=kvr, ROPE=rope)
+    qf = q.reshape(-1).float().contiguous()
+    q_abs = torch.empty(h, kvr, dtype=torch.float32, device=q.device)
+    bc = min(kvr, 32)
+    _mla_qabs[(h, kvr // bc)](qf, wk_b, q_abs, KVR=kvr, ROPE=rope, NOPE=nope, BC=bc)
+    n_split = triton.cdiv(span, MLA_ROWS)
+    part = torch.empty(h, n_split, kvr + 2, dtype=torch.float32, device=q.device)
+    _mla_attend[(h, n_split)](qf, q_abs, latent, pos, part, scale, n_split, KVR=kvr, ROPE=rope, NOPE=nope,
+                              ROWS=MLA_ROWS, BT=MLA_BT)
+    out = torch.empty(1, h * v, dtype=torch.float32, device=q.device)
+    g = out if gate is None else gate.reshape(-1).float().contiguous()
+    _mla_combine[(h,)](part, wv_b, g, out, n_split, HAS_GATE=gate is not None, KVR=kvr, V=v,
+                       NSP=triton.next_power_of_2(n_split), BV=min(v, 32))
     return out
 
 

@@ -310,6 +310,21 @@ class K3Model:
             finally:
                 self.decode_kernels = False
             errs["kda"] = max(rel(got, want), rel(state.s, twin.s), rel(state.conv, twin.conv))
+        mla = [il for il in range(c.n_layer) if c.head_count_kv[il] > 0]
+        if mla:  # one MLA layer's token at position 37 over a random cache, both forms
+            mlw, x = self.w.layers[mla[0]], rnd(1, c.n_embd)
+            mst: MLAState = self.new_cache(64).layers[mla[0]]
+            if self._mla_kernel_fits(mlw, mst):
+                mst.latent.copy_(rnd(*mst.latent.shape).to(mst.latent.dtype))
+                mtwin = MLAState(latent=mst.latent.clone())
+                at = torch.tensor([37], device=dev)
+                want = self._mla(mlw, x, mtwin, at, 64)
+                self.decode_kernels = True
+                try:
+                    got = self._mla(mlw, x, mst, at, 64)
+                finally:
+                    self.decode_kernels = False
+                errs["mla"] = max(rel(got, want), rel(mst.latent.float(), mtwin.latent.float()))
         if c.attn_res_block_size > 0:
             e, rows = c.n_embd, self._res_rows()
             for n_ckpt in sorted({1, rows - 1}):
@@ -421,6 +436,16 @@ class K3Model:
             return kernels.situ_vec(h, beta, linear_beta)
         return situ_of(p, gate, up, beta, linear_beta)
 
+    def _mla_kernel_fits(self, lw: dict[str, Any], st: MLAState) -> bool:
+        """kernels.mla_decode's case: the absorbed form (not the mla_as_mqa fault), power-of-two widths, f16
+        absorption matrices and cache."""
+        c = self.cfg
+        widths = (c.kv_lora_rank, c.rope_dim, c.qk_nope_dim, c.value_length_mla)
+        wk, wv = lw["attn_k_b"], lw["attn_v_b"]
+        return (not self.faults.mla_as_mqa and all(w > 0 and not w & (w - 1) for w in widths)
+                and wk.act is None and wv.act is None and wk.w.dtype == wv.w.dtype == torch.float16
+                and st.latent.dtype == torch.float16 and wk.w.is_contiguous() and wv.w.is_contiguous())
+
     def _kda_kernel_fits(self) -> bool:
         """kernels.kda_step's case: K3's lower-bounded gate and a power-of-two head dim."""
         hd = self.cfg.kda_head_dim
@@ -502,10 +527,20 @@ class K3Model:
         t, h, kvr, nope = x.shape[0], c.n_head, c.kv_lora_rank, c.qk_nope_dim
         p = project(lw, "mla_in", x, partial(self._linear, norm=norm))
         if c.q_lora_rank > 0:
-            q = self._linear(rms_norm(p["attn_q_a"], lw["attn_q_a_norm"], c.rms_norm_eps), lw["attn_q_b"])
+            q = self._linear(p["attn_q_a"], lw["attn_q_b"], lw["attn_q_a_norm"])  # normed first
         else:
             q = p["attn_q"]
         q = q.view(t, h, c.key_length_mla)
+        if self.decode_kernels and t == 1 and self._mla_kernel_fits(lw, st):
+            from . import kernels
+
+            pos = n_past if isinstance(n_past, Tensor) else torch.tensor([n_past], device=x.device)
+            rows = span if isinstance(n_past, Tensor) else n_past + 1
+            gate = p["attn_gate"] if "attn_gate" in p else None
+            o = kernels.mla_decode(q, p["attn_kv_a_mqa"], lw["attn_kv_a_norm"], st.latent, pos, rows,
+                                   lw["attn_k_b"].w, lw["attn_v_b"].w, gate, 1.0 / math.sqrt(c.key_length_mla),
+                                   c.rms_norm_eps)
+            return self._linear(o, lw["attn_output"], add=residual)
         q_nope, q_pe = q[..., :nope], q[..., nope:]  # [T, H, nope], [T, H, rope]
         kv = p["attn_kv_a_mqa"]  # [T, kvr + rope]
         kv = torch.cat([rms_norm(kv[:, :kvr], lw["attn_kv_a_norm"], c.rms_norm_eps), kv[:, kvr:]], -1)
