@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         K.res_mix = counted(K.res_mix, 1)
         K.kda_step = counted(K.kda_step, 1)
         K.mla_decode = counted(K.mla_decode, 4)
+        K.chunk_scan = counted(K.chunk_scan, 1)
+        K.grouped_mm = counted(K.grouped_mm, 1)
         print(prep.handle.model.enable_decode_kernels(), file=sys.stderr)
     res = {}
     for phase, wl in (("decode", Workload.split("decode", args.depth, 1, ids[:args.depth + 1])),

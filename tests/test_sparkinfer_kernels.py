@@ -203,6 +203,48 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, gated):
     assert float((got.double().view(h, v) - o).norm() / o.norm()) < 1e-5
 
 
+def test_chunk_scan_matches_the_token_by_token_recurrence(kernels):
+    """The prefill's chunked delta rule with the recurrence in one launch equals the token-by-token form
+    (outputs and final state), and leaves the caller's initial state alone."""
+    from engines.sparkinfer.model import delta_rule_chunked, delta_rule_recurrent, l2_norm
+
+    gen = torch.Generator().manual_seed(12)
+    t, h, hd, ch = 45, 2, 32, 16  # 3 chunks, the last one padded
+    q = l2_norm(torch.randn(t, h, hd, generator=gen), 1e-6)
+    k = l2_norm(torch.randn(t, h, hd, generator=gen), 1e-6)
+    v = torch.randn(t, h, hd, generator=gen)
+    g = -torch.rand(t, h, hd, generator=gen) * 0.5
+    beta, s0 = torch.rand(t, h, generator=gen), torch.randn(h, hd, hd, generator=gen) * 0.1
+    keep = s0.clone()
+    o, s = delta_rule_chunked(q, k, v, g, beta, s0, 0.2, ch, kernels.chunk_scan)
+    o_r, s_r = delta_rule_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(), s0.double(), 0.2)
+    assert torch.equal(s0, keep)
+    assert float((o.double() - o_r).norm() / o_r.norm()) < 1e-5
+    assert float((s.double() - s_r).norm() / s_r.norm()) < 1e-5
+    with pytest.raises(ValueError, match="powers of two >= 16"):
+        kernels.chunk_scan(torch.zeros(1, h, 8, hd), torch.zeros(1, h, 8, hd), torch.zeros(1, h, 8, hd),
+                           torch.zeros(1, h, hd), s0)
+
+
+def test_grouped_mm_matches_per_group_products(kernels, monkeypatch):
+    monkeypatch.setattr(kernels, "GMM_BM", 16)  # several tiles per group, one partial
+    gen = torch.Generator().manual_seed(13)
+    counts = [0, 37, 1, 0, 16]  # empty groups, a partial tile, an exact tile
+    n_out, k = 40, 50
+    x = torch.randn(sum(counts), k, generator=gen).half()
+    w = (torch.randn(len(counts), n_out, k, generator=gen) * 0.2).half()
+    got = kernels.grouped_mm(x, w, counts)
+    parts, r = [], 0
+    for g, cnt in enumerate(counts):
+        parts.append(x[r:r + cnt].double() @ w[g].double().T)
+        r += cnt
+    want = torch.cat(parts)
+    assert got.shape == (sum(counts), n_out)
+    assert float((got.double() - want).norm() / want.norm()) < 1e-6
+    with pytest.raises(ValueError, match="counts summing to 53"):
+        kernels.grouped_mm(x, w, [0, 37, 1, 0, 15])
+
+
 def test_mismatched_down_weights_are_refused(kernels):
     w_in = torch.zeros(4, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="down weights"):

@@ -36,6 +36,7 @@ BLOCK_N = 16  # output columns per program in linear_vec
 BLOCK_SITU = 1024  # columns per program in situ_vec
 MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
 MLA_BT = 16  # rows per step inside one
+GMM_BM, GMM_BN, GMM_BK = 64, 64, 32  # grouped_mm's tile
 BLOCK_K = 128  # reduction step (f16 weights: 256 bytes per row per step)
 
 
@@ -445,6 +446,92 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
     g = out if gate is None else gate.reshape(-1).float().contiguous()
     _mla_combine[(h,)](part, wv_b, g, out, n_split, HAS_GATE=gate is not None, KVR=kvr, V=v,
                        NSP=triton.next_power_of_2(n_split), BV=min(v, 32))
+    return out
+
+
+@triton.jit
+def _chunk_scan(u0_ptr, w_ptr, kt_ptr, dec_ptr, s_ptr, starts_ptr, us_ptr, N, H: tl.constexpr, C: tl.constexpr,
+                DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+    # the chunked delta rule's sequential part for one (head, block of value columns), the state in registers:
+    # per chunk, U = u0 - w S and S <- diag(decay) S + k_tail^T U (columns of S are independent, so value
+    # blocks are separate programs)
+    h = tl.program_id(0)
+    i_c = tl.arange(0, C)
+    i_k = tl.arange(0, DK)
+    i_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    st = tl.load(s_ptr + h * DK * DV + i_k[:, None] * DV + i_v[None, :])  # [DK, BV]
+    for i in range(N):
+        blk = (i * H + h).to(tl.int64)
+        tl.store(starts_ptr + blk * DK * DV + i_k[:, None] * DV + i_v[None, :], st)
+        w = tl.load(w_ptr + blk * C * DK + i_c[:, None] * DK + i_k[None, :])  # [C, DK]
+        u = tl.load(u0_ptr + blk * C * DV + i_c[:, None] * DV + i_v[None, :]) - tl.dot(w, st, input_precision="ieee")
+        tl.store(us_ptr + blk * C * DV + i_c[:, None] * DV + i_v[None, :], u)
+        kt = tl.load(kt_ptr + blk * C * DK + i_c[:, None] * DK + i_k[None, :])  # [C, DK]
+        dec = tl.load(dec_ptr + blk * DK + i_k)  # [DK]
+        st = dec[:, None] * st + tl.dot(tl.trans(kt), u, input_precision="ieee")
+    tl.store(s_ptr + h * DK * DV + i_k[:, None] * DV + i_v[None, :], st)
+
+
+def chunk_scan(u0: Tensor, w: Tensor, k_tail: Tensor, decay: Tensor, s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The chunked delta rule's chunk-to-chunk recurrence in one launch (the torch form: three per chunk):
+    for chunk i, starts[i] = S; U_i = u0_i - w_i S; S <- diag(decay_i) S + k_tail_i^T U_i. f32, products in
+    full f32 (no tf32), as torch's baddbmm.
+
+    u0 [N, H, C, dv], w [N, H, C, dk], k_tail [N, H, C, dk], decay [N, H, dk], s [H, dk, dv] (not modified)
+    -> (starts [N, H, dk, dv], U [N, H, C, dv], final S [H, dk, dv]). C, dk, dv: powers of two >= 16."""
+    n, h, c, dv = u0.shape
+    dk = int(w.shape[-1])
+    if any(x < 16 or x & (x - 1) for x in (c, dk, dv)):
+        raise ValueError(f"chunk_scan: chunk {c}, dk {dk}, dv {dv} must be powers of two >= 16")
+    starts = torch.empty(n, h, dk, dv, dtype=torch.float32, device=s.device)
+    us = torch.empty(n, h, c, dv, dtype=torch.float32, device=s.device)
+    final = s.float().contiguous().clone()
+    bv = min(dv, 32)
+    _chunk_scan[(h, dv // bv)](u0.float().contiguous(), w.float().contiguous(), k_tail.float().contiguous(),
+                               decay.float().contiguous(), final, starts, us, n, H=h, C=c, DK=dk, DV=dv, BV=bv)
+    return starts, us, final
+
+
+@triton.jit
+def _grouped_mm(x_ptr, w_ptr, tiles_ptr, out_ptr, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # one tile of rows of one group (group, first row, end row from the tile table) times that group's
+    # matrix, on the tensor cores (f16/bf16 products are exact in the f32 accumulator)
+    t = tl.program_id(0)
+    g = tl.load(tiles_ptr + 3 * t).to(tl.int64)
+    r0 = tl.load(tiles_ptr + 3 * t + 1)
+    r1 = tl.load(tiles_ptr + 3 * t + 2)
+    rows = r0 + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    rm, cm = rows < r1, cols < N
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        km = kk < K
+        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + kk[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+        b = tl.load(w_ptr + g * N * K + cols[:, None].to(tl.int64) * K + kk[None, :], mask=cm[:, None] & km[None, :],
+                    other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc, mask=rm[:, None] & cm[None, :])
+
+
+def grouped_mm(x: Tensor, w: Tensor, counts: list[int]) -> Tensor:
+    """Row groups of x [n, K] (f16/bf16, group g's counts[g] rows after group g-1's) times their own matrix
+    w[g] [N, K] -> [n, N] f32, in one launch over a table of (group, row range) tiles. What torch._grouped_mm
+    computes; its f16 path on sm_90 loops over the groups (one product per expert hit)."""
+    n, k = x.shape
+    g, nn, kk = w.shape
+    if kk != k or len(counts) != g or sum(counts) != n:
+        raise ValueError(f"grouped_mm: x [{n}, {k}], w {tuple(w.shape)}, {len(counts)} counts summing to {sum(counts)}")
+    tiles, r = [], 0
+    for grp, cnt in enumerate(counts):
+        tiles += [(grp, r0, min(r0 + GMM_BM, r + cnt)) for r0 in range(r, r + cnt, GMM_BM)]
+        r += cnt
+    out = torch.empty(n, nn, dtype=torch.float32, device=x.device)
+    if not tiles:
+        return out
+    table = torch.tensor(tiles, dtype=torch.int32).to(x.device, non_blocking=True)
+    _grouped_mm[(len(tiles), triton.cdiv(nn, GMM_BN))](x.contiguous(), w, table, out, nn, k, BM=GMM_BM, BN=GMM_BN,
+                                                       BK=GMM_BK)
     return out
 
 

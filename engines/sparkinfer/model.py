@@ -310,6 +310,21 @@ class K3Model:
             finally:
                 self.decode_kernels = False
             errs["kda"] = max(rel(got, want), rel(state.s, twin.s), rel(state.conv, twin.conv))
+        scan = self._scan_if_on(c.kda_head_dim)
+        if kda and scan is not None:  # the prefill's chunk recurrence over 3 chunks, both forms
+            h, hd, ch = c.n_head, c.kda_head_dim, self.kda_chunk
+            qq, kk, vv = l2_norm(rnd(3 * ch, h, hd), 1e-6), l2_norm(rnd(3 * ch, h, hd), 1e-6), rnd(3 * ch, h, hd)
+            g = -torch.rand(3 * ch, h, hd, generator=gen).to(dev)
+            beta, s0 = torch.rand(3 * ch, h, generator=gen).to(dev), rnd(h, hd, hd)
+            o_t, s_t = delta_rule_chunked(qq, kk, vv, g, beta, s0, 0.1, ch)
+            o_k, s_k = delta_rule_chunked(qq, kk, vv, g, beta, s0, 0.1, ch, scan)
+            errs["chunk scan"] = max(rel(o_k, o_t), rel(s_k, s_t))
+        counts = [0] * c.n_expert  # the prefill's grouped products: an empty group, a partial tile, several tiles
+        counts[0], counts[-1], counts[c.n_expert // 2] = 3, 70, 1
+        xg = rnd(sum(counts), c.expert_latent_length)
+        offs = torch.tensor(counts, device=dev).cumsum(0).to(torch.int32)
+        errs["grouped"] = rel(grouped_linear(xg, lw["exps_in"], offs, counts, kernels.grouped_mm),
+                              grouped_linear(xg, lw["exps_in"], offs, counts))
         mla = [il for il in range(c.n_layer) if c.head_count_kv[il] > 0]
         if mla:  # one MLA layer's token at position 37 over a random cache, both forms
             mlw, x = self.w.layers[mla[0]], rnd(1, c.n_embd)
@@ -436,6 +451,26 @@ class K3Model:
             return kernels.situ_vec(h, beta, linear_beta)
         return situ_of(p, gate, up, beta, linear_beta)
 
+    def _gmm(self) -> Any:
+        """kernels.grouped_mm for the prefill's routed experts when the kernels are on."""
+        if not self.decode_kernels:
+            return None
+        from . import kernels
+
+        return kernels.grouped_mm
+
+    def _scan(self, hd: int) -> Any:
+        """kernels.chunk_scan for the prefill's KDA recurrence when the kernels are on and the shapes fit."""
+        return self._scan_if_on(hd) if self.decode_kernels else None
+
+    def _scan_if_on(self, hd: int) -> Any:
+        c = self.kda_chunk
+        if all(x >= 16 and not x & (x - 1) for x in (c, hd)):
+            from . import kernels
+
+            return kernels.chunk_scan
+        return None
+
     def _mla_kernel_fits(self, lw: dict[str, Any], st: MLAState) -> bool:
         """kernels.mla_decode's case: the absorbed form (not the mla_as_mqa fault), power-of-two widths, f16
         absorption matrices and cache."""
@@ -511,7 +546,7 @@ class K3Model:
         if t == 1:  # in place on the state (a CUDA graph holds its storage)
             o = delta_rule_step_(q, k, v, g, beta, st.s, scale)
         else:
-            o, s = delta_rule_chunked(q, k, v, g, beta, st.s, scale, self.kda_chunk)
+            o, s = delta_rule_chunked(q, k, v, g, beta, st.s, scale, self.kda_chunk, self._scan(hd))
             st.s.copy_(s)
         o = rms_norm(o, lw["ssm_norm"], c.rms_norm_eps)  # [T, H, hd]
         o = o * torch.sigmoid(p["ssm_g"]).view(t, h, hd)  # full-rank output gate
@@ -679,12 +714,13 @@ class K3Model:
         held = counts[lo:hi]
         offs = torch.tensor(held, device=xin.device).cumsum(0).to(torch.int32)  # end row of each group
         xi = xin[rows]  # [n, lat]
+        gl = partial(grouped_linear, gmm=self._gmm())
         if "exps_in" in lw:  # gate|up stacked [X, 2ff, lat]: one grouped product for both
-            a = situ_joint(grouped_linear(xi, lw["exps_in"], offs, held), c.situ_beta, c.situ_linear_beta)
+            a = situ_joint(gl(xi, lw["exps_in"], offs, held), c.situ_beta, c.situ_linear_beta)
         else:
-            a = situ(grouped_linear(xi, lw["ffn_gate_exps"], offs, held),
-                     grouped_linear(xi, lw["ffn_up_exps"], offs, held), c.situ_beta, c.situ_linear_beta)
-        y = grouped_linear(a, lw["ffn_down_exps"], offs, held) * wts.reshape(-1)[idx, None]  # [n, lat]
+            a = situ(gl(xi, lw["ffn_gate_exps"], offs, held), gl(xi, lw["ffn_up_exps"], offs, held), c.situ_beta,
+                     c.situ_linear_beta)
+        y = gl(a, lw["ffn_down_exps"], offs, held) * wts.reshape(-1)[idx, None]  # [n, lat]
         # the routed sum per token in a fixed order: each assignment's row put back at its (token, slot) place,
         # then summed over the k slots. index_add_ over repeated rows adds by atomics on CUDA, in an order that
         # changes from run to run: on the H200 the same prompt then gave different greedy tokens (a REJECT)
@@ -729,10 +765,13 @@ def _kernel_mats(lw: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
 GROUPED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what torch._grouped_mm multiplies
 
 
-def grouped_linear(x: Tensor, m: Mat, offs: Tensor, counts: list[int]) -> Tensor:
+def grouped_linear(x: Tensor, m: Mat, offs: Tensor, counts: list[int], gmm: Any = None) -> Tensor:
     """Row groups of x [n, in] times their own matrix: group g (rows offs[g-1]..offs[g], counts[g] of them)
-    times m.w[g] [out, in] of a stacked [G, out, in] Mat. -> [n, out] f32, activation rounded as `linear`."""
+    times m.w[g] [out, in] of a stacked [G, out, in] Mat. -> [n, out] f32, activation rounded as `linear`.
+    `gmm`: kernels.grouped_mm (one launch) for f16/bf16 weights."""
     xa = round_act(x.float(), m.act).to(m.w.dtype)
+    if gmm is not None and m.w.dtype in (torch.float16, torch.bfloat16) and m.w.is_contiguous():
+        return gmm(xa, m.w, counts)
     if m.w.dtype in GROUPED_DTYPES:
         return torch._grouped_mm(xa, m.w.transpose(1, 2), offs=offs).float()
     parts, r = [], 0  # float64 (a CPU reference option): one product per non-empty group
@@ -816,7 +855,7 @@ def _kda_chunk_for(lower_bound: float) -> int:
 
 
 def delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor, scale: float,
-                       chunk: int) -> tuple[Tensor, Tensor]:
+                       chunk: int, scan: Any = None) -> tuple[Tensor, Tensor]:
     """Chunked (WY) form, same contract as delta_rule_recurrent.
 
     Within a chunk of C tokens with cumulative log decay G_t = sum_{i<=t} g_i [dk]:
@@ -856,14 +895,18 @@ def delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     k_tail = k * torch.exp(g_last - gc)  # k_j exp(G_C - G_j)
     # the chunk-to-chunk recurrence is sequential: three fused launches per chunk; the outputs, which
     # need each chunk's starting state, are then two batched products over all chunks
-    neg_w, decay, k_tail_t = -w, torch.exp(g_last).transpose(-1, -2), k_tail.transpose(-1, -2)
-    starts, us = [], []
-    for i in range(n):
-        starts.append(s)
-        u = torch.baddbmm(u0[i], neg_w[i], s)  # U = u0 - w S0 [H, C, dv]
-        us.append(u)
-        s = torch.baddbmm(decay[i] * s, k_tail_t[i], u)
-    s0, uu = torch.stack(starts, 0).flatten(0, 1), torch.stack(us, 0).flatten(0, 1)  # [N*H, dk, dv], [N*H, C, dv]
+    if scan is not None:  # kernels.chunk_scan: the whole recurrence in one launch
+        st, ut, s = scan(u0, w, k_tail, torch.exp(g_last)[:, :, 0], s)
+        s0, uu = st.flatten(0, 1), ut.flatten(0, 1)
+    else:
+        neg_w, decay, k_tail_t = -w, torch.exp(g_last).transpose(-1, -2), k_tail.transpose(-1, -2)
+        starts, us = [], []
+        for i in range(n):
+            starts.append(s)
+            u = torch.baddbmm(u0[i], neg_w[i], s)  # U = u0 - w S0 [H, C, dv]
+            us.append(u)
+            s = torch.baddbmm(decay[i] * s, k_tail_t[i], u)
+        s0, uu = torch.stack(starts, 0).flatten(0, 1), torch.stack(us, 0).flatten(0, 1)  # [N*H, dk, dv], [N*H, C, dv]
     o = torch.baddbmm(torch.bmm(a_qk.flatten(0, 1), uu), q_dec.flatten(0, 1), s0, beta=scale, alpha=scale)
     o = o.view(n, h, chunk, dv).permute(0, 2, 1, 3).reshape(n * chunk, h, dv)[:t]  # [T, H, dv]
     return o, s
