@@ -1,7 +1,7 @@
 """sparkinfer's Triton decode kernels (engines/sparkinfer/kernels.py), run here through Triton's interpreter
 (``TRITON_INTERPRET=1``: the same kernel source, executed on the CPU with numpy): against a float64
 reference on fresh random inputs, and inside the model's static decode step against the torch form.
-On CUDA the same source compiles; the engine's self-check (K3Model.enable_decode_kernels) compares the two
+On CUDA the same source compiles; the engine's self-check (K3Model.enable_kernels) compares the two
 forms on the real weights before the kernels are used."""
 
 from __future__ import annotations
@@ -272,9 +272,9 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
     for use in (False, True):
         model = K3Model(cfg, w)
         if use:
-            note = model.enable_decode_kernels()
+            note = model.enable_kernels()
             assert note.startswith("triton"), note
-            assert model.decode_kernels
+            assert model.use_kernels
         dec = StaticDecoder(model, 256, capture=False)
         cache = dec.reset(len(ids) + 6)
         from engines.sparkinfer.engine import prefill
@@ -295,5 +295,5 @@ def test_kernels_are_not_enabled_for_weights_they_do_not_fit(kernels, mini, tmp_
     moe = w32.layers[cfg.n_layer_dense_lead]
     assert _kernel_mats(moe) is None
     model = K3Model(cfg, w32)
-    note = model.enable_decode_kernels()
-    assert note.startswith("torch:") and not model.decode_kernels
+    note = model.enable_kernels()
+    assert note.startswith("torch:") and not model.use_kernels

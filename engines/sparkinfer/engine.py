@@ -196,10 +196,10 @@ class SparkInferEngine(Engine):
         if model.cfg.n_layer != len(weights.layers):
             raise EngineError(f"loaded {len(weights.layers)} layers for a {model.cfg.n_layer}-layer config",
                               "report this as a sparkinfer bug")
-        # on CUDA one token's routed experts go through Triton kernels once they match the torch form here
-        # (a box whose Triton cannot compile keeps the torch form; the note says which ran)
-        kernels = model.enable_decode_kernels() if target.device == "cuda" else "torch: cpu"
-        identity = replace(identity, extra={**identity.extra, "decode_experts": kernels})  # recorded in the receipt
+        # on CUDA the Triton kernels run once each matched its torch form here (a box whose Triton cannot
+        # compile keeps the torch form; the note, in the identity the receipt records, says which ran)
+        kernels = model.enable_kernels() if target.device == "cuda" else "torch: cpu"
+        identity = replace(identity, extra={**identity.extra, "kernels": kernels})  # recorded in the receipt
         handle = Loaded(model, cfg, target.device, dtype, target.geometry, faults,
                         static_decode=identity.extra["cuda_graph"])
         return Prepared(identity=identity, handle=handle,

@@ -1,25 +1,33 @@
-"""Triton kernels for sparkinfer's batch-1 decode: one token's routed experts in two launches, and a product
-of one f32 activation with an f16 matrix in one.
+"""Triton kernels for sparkinfer on CUDA: one decoded token's layers in a handful of launches, and the
+prefill's two launch-bound loops in one launch each.
 
-The torch form of one token's routed experts (model.K3Model._decode_experts) gathers the selected experts'
-weights into new tensors (``w[e]``: a copy of every active expert's matrices, then a second read by the
-product), rounds the activation to f16, multiplies, and applies situ and the weighted sum in ~15 launches.
-On the K3-width slice one MoE layer's 16 active experts are 16 x (6144 x 3584 + 3584 x 3072) f16 = 1.06 GB,
-so the copy alone moves 2.1 GB per layer per token.
+Eager torch launches one kernel per op, and a decoded token of the GPU targets was ~680 of them (profile at
+step 5, docs/diagnosis.md): launch-bound, far from the bandwidth ceiling. These kernels fuse each chain
+between two weight reads. For one token:
 
-Here each kernel reads an expert's rows where they lie (the index is a pointer offset, no copy):
+* ``linear_vec``: an f32 activation times an f16 (or f32) matrix with f32 accumulation, optionally with the
+  RMSNorm that feeds it in its prologue and the residual add in its epilogue (the torch form: cast, product,
+  cast back, plus the norm and the add);
+* ``kda_step``: a KDA layer between its products — conv + silu (conv state shifted in place), l2 norms, the
+  gate, the delta rule on the state in place, the head norm and output gate — one program per head;
+* ``mla_decode``: MLA's latent row written at pos, q absorbed through wk_b, a split online softmax over the
+  cache rows and the combine through wv_b and the gate, in four launches;
+* ``res_mix``, ``route``, ``situ_vec``: the residual mix, the router's top-k and weights, situ;
+* ``decode_experts``: the routed experts in two launches that read each selected expert's rows where they lie
+  (the torch form gathers them into a copy first: on the K3-width slice 16 x (6144 x 3584 + 3584 x 3072) f16 =
+  1.06 GB per MoE layer per token, copied and read again), the weighted sum over experts in a fixed order
+  inside each program (no atomics: the same sum every run, which graph replays and the round's greedy check
+  need).
 
-* ``experts_in_situ``: for the k selected experts, both halves of the stacked gate|up matrix times x (f32
-  activation, f16 weights, f32 accumulation, as llama.cpp's CUDA mat-vec for F16 weights computes), then
-  situ, in one launch: a [k, F] f32;
-* ``experts_down_sum``: each expert's down matrix times its row of a, weighted by the router and summed
-  over the k experts in a fixed order inside each program (no atomics: the sum is the same every run, which
-  a CUDA-graph replay and the round's greedy check need), in one launch: [1, lat] f32.
+For the prefill: ``chunk_scan`` (the KDA chunk-to-chunk recurrence, three launches per 16-token chunk in torch)
+and ``grouped_mm`` (the routed experts' grouped products; torch's f16 path loops over the experts hit).
 
-Loop bounds are compile-time constants (the model's widths), so one compile per model; the kernels never
-read a host value, so a CUDA graph records them as they are. Tested on CPU through Triton's interpreter
-(``TRITON_INTERPRET=1``, tests/test_sparkinfer_kernels.py); on CUDA they compile at the first (untimed)
-warm-up step, before any graph capture.
+Numerics: f32 activations and accumulation throughout, f16/bf16 weights and cache read as stored, products
+in full f32 (``input_precision="ieee"``) where both sides are f32. No kernel reads a host value inside a
+decoded token, so a CUDA graph records them as they are. Every sandboxed worker compiles afresh (its cache is
+private to the launch), so widths are runtime values where a loop allows it. K3Model.enable_kernels compiles
+and checks each against its torch form at prepare; tests/test_sparkinfer_kernels.py runs them on CPU
+through Triton's interpreter (``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations

@@ -240,16 +240,17 @@ class K3Model:
         # bound (kimi-linear's softplus gate) decays are unbounded and 1-token chunks are the safe form
         lb = cfg.kda_gate_lower_bound
         self.kda_chunk = 1 if lb is None else _kda_chunk_for(lb)
-        # one token's routed experts through kernels.decode_experts (Triton) instead of torch ops: set by
-        # enable_decode_kernels once the kernels have matched the torch form on this model's own weights
-        self.decode_kernels = False
+        # the Triton kernels (kernels.py) in place of torch ops: one token's layers, the prefill's KDA recurrence
+        # and grouped experts. Set by enable_kernels once each kernel matched its torch form on these weights
+        self.use_kernels = False
 
-    def enable_decode_kernels(self) -> str:
-        """Run one token's routed experts, routing, situ and the products up to VEC_MAX_ELEMENTS through the
-        Triton kernels (kernels.py), once each agrees with the torch form it replaces on this model's own
-        weights (relative error < KERNEL_CHECK_TOL on random inputs, the same experts chosen); a note saying
-        what was chosen and why, which the engine records. Compiles the kernels, so call it before any CUDA
-        graph capture."""
+    def enable_kernels(self) -> str:
+        """Use the Triton kernels (kernels.py) — for one token: the products up to VEC_MAX_ELEMENTS with their
+        norms and residual adds, KDA, MLA, the residual mix, routing, the routed experts and situ; for the
+        prefill: the KDA chunk recurrence and the grouped expert products — once each agrees with the torch
+        form it replaces on this model's own weights (relative error < KERNEL_CHECK_TOL on random inputs, the
+        same experts chosen). Returns a note saying what was chosen and why, which the engine records in its
+        identity. Compiles the kernels, so call it before any CUDA graph capture; off, every path is torch."""
         c = self.cfg
         moe = [lw for il, lw in enumerate(self.w.layers) if il >= c.n_layer_dense_lead]
         if not moe or any(_kernel_mats(lw) is None for lw in moe) or not _route_fits(c.n_expert_used):
@@ -265,11 +266,11 @@ class K3Model:
         bad = [f"{k} {e:.3g}" for k, e in errs.items() if not e < KERNEL_CHECK_TOL]
         if bad:
             return "torch: the Triton kernels disagreed with the torch form (relative error " + ", ".join(bad) + ")"
-        self.decode_kernels = True
+        self.use_kernels = True
         return f"triton {kernels.triton.__version__}: self-check " + ", ".join(f"{k} {e:.2g}" for k, e in errs.items())
 
     def _kernel_errors(self, kernels: Any, lw: dict[str, Any]) -> dict[str, float]:
-        """Each kernel's relative error against the torch form (self.decode_kernels is still off), on random
+        """Each kernel's relative error against the torch form (self.use_kernels is still off), on random
         inputs and this model's weights: the first MoE layer's experts and routing, a KDA layer's step, situ,
         the residual mix, and the smallest product of each kind the product kernel takes."""
         c, dev = self.cfg, self.device
@@ -304,11 +305,11 @@ class K3Model:
             state.s.copy_(rnd(*state.s.shape) * 0.1)
             twin = KDAState(conv=state.conv.clone(), s=state.s.clone())
             want = self._kda(klw, x, twin)
-            self.decode_kernels = True
+            self.use_kernels = True
             try:
                 got = self._kda(klw, x, state)
             finally:
-                self.decode_kernels = False
+                self.use_kernels = False
             errs["kda"] = max(rel(got, want), rel(state.s, twin.s), rel(state.conv, twin.conv))
         scan = self._scan_if_on(c.kda_head_dim)
         if kda and scan is not None:  # the prefill's chunk recurrence over 3 chunks, both forms
@@ -334,11 +335,11 @@ class K3Model:
                 mtwin = MLAState(latent=mst.latent.clone())
                 at = torch.tensor([37], device=dev)
                 want = self._mla(mlw, x, mtwin, at, 64)
-                self.decode_kernels = True
+                self.use_kernels = True
                 try:
                     got = self._mla(mlw, x, mst, at, 64)
                 finally:
-                    self.decode_kernels = False
+                    self.use_kernels = False
                 errs["mla"] = max(rel(got, want), rel(mst.latent.float(), mtwin.latent.float()))
         if c.attn_res_block_size > 0:
             e, rows = c.n_embd, self._res_rows()
@@ -390,7 +391,7 @@ class K3Model:
         elif cache.n_past + t > cache.n_ctx:
             raise ValueError(f"context overflow: {cache.n_past} + {t} tokens > n_ctx {cache.n_ctx}")
         x = self.w.tok_embd[ids].float()  # [T, E] residual stream, f32
-        fuse = self.decode_kernels and t == 1
+        fuse = self.use_kernels and t == 1
         bank: Tensor | None = None  # [T, C, E] raw checkpoints of the residual stream
         use_res = c.attn_res_block_size > 0
         for il in range(c.n_layer):
@@ -433,7 +434,7 @@ class K3Model:
     def _linear(self, x: Tensor, m: Mat, norm: Tensor | None = None, add: Tensor | None = None) -> Tensor:
         """add + linear(rms_norm(x, norm), m) (norm, add optional); for one token with the decode kernels on and
         a matrix they take, in one launch (kernels.linear_vec)."""
-        if self.decode_kernels and x.shape[0] == 1 and x.dim() == 2 and _vec_fits(m):
+        if self.use_kernels and x.shape[0] == 1 and x.dim() == 2 and _vec_fits(m):
             from . import kernels
 
             return kernels.linear_vec(x, m.w, norm, self.cfg.rms_norm_eps, add)
@@ -445,7 +446,7 @@ class K3Model:
     def _situ_of(self, p: Products, gate: str, up: str, beta: float, linear_beta: float) -> Tensor:
         """`situ_of`, or for one token with the decode kernels on and the halves joined, kernels.situ_vec."""
         h = p.span(gate, up)
-        if self.decode_kernels and h is not None and h.shape[0] == 1 and p[gate].shape[-1] == p[up].shape[-1]:
+        if self.use_kernels and h is not None and h.shape[0] == 1 and p[gate].shape[-1] == p[up].shape[-1]:
             from . import kernels
 
             return kernels.situ_vec(h, beta, linear_beta)
@@ -453,7 +454,7 @@ class K3Model:
 
     def _gmm(self) -> Any:
         """kernels.grouped_mm for the prefill's routed experts when the kernels are on."""
-        if not self.decode_kernels:
+        if not self.use_kernels:
             return None
         from . import kernels
 
@@ -461,7 +462,7 @@ class K3Model:
 
     def _scan(self, hd: int) -> Any:
         """kernels.chunk_scan for the prefill's KDA recurrence when the kernels are on and the shapes fit."""
-        return self._scan_if_on(hd) if self.decode_kernels else None
+        return self._scan_if_on(hd) if self.use_kernels else None
 
     def _scan_if_on(self, hd: int) -> Any:
         c = self.kda_chunk
@@ -497,7 +498,7 @@ class K3Model:
         values with `score_w` [E]; the sum uses the raw values. cur [T, E], bank [T, C, E] -> [T, E]."""
         if bank is None:
             return cur
-        if self.decode_kernels and cur.shape[0] == 1:
+        if self.use_kernels and cur.shape[0] == 1:
             from . import kernels
 
             return kernels.res_mix(bank, cur, score_w, self.cfg.rms_norm_eps, self._res_rows())
@@ -519,7 +520,7 @@ class K3Model:
         c = self.cfg
         t, h, hd, di = x.shape[0], c.n_head, c.kda_head_dim, c.kda_inner
         p = project(lw, "kda_in", x, partial(self._linear, norm=norm))
-        if self.decode_kernels and t == 1 and self._kda_kernel_fits():
+        if self.use_kernels and t == 1 and self._kda_kernel_fits():
             from . import kernels
 
             na, dt_na = _kda_gate_consts(lw, h, hd)
@@ -566,7 +567,7 @@ class K3Model:
         else:
             q = p["attn_q"]
         q = q.view(t, h, c.key_length_mla)
-        if self.decode_kernels and t == 1 and self._mla_kernel_fits(lw, st):
+        if self.use_kernels and t == 1 and self._mla_kernel_fits(lw, st):
             from . import kernels
 
             pos = n_past if isinstance(n_past, Tensor) else torch.tensor([n_past], device=x.device)
@@ -643,7 +644,7 @@ class K3Model:
         """The top-k experts of logits [T, X] (by probability + bias) and their unbiased, normalized, scaled
         weights: ([T, k] long, [T, k] f32); for one token with the decode kernels on, kernels.route."""
         c = self.cfg
-        if self.decode_kernels and logits.shape[0] == 1:
+        if self.use_kernels and logits.shape[0] == 1:
             from . import kernels
 
             s1, w1 = kernels.route(logits, lw["exp_probs_b"], c.n_expert_used, c.expert_gating_func == 2,
@@ -662,7 +663,7 @@ class K3Model:
         """One token through experts `e` [m] (indices into the stacked weights) weighted by w [m].
         xin [1, lat] -> [1, lat]."""
         c = self.cfg
-        if self.decode_kernels:
+        if self.use_kernels:
             from . import kernels
 
             w_in, w_down = _kernel_mats(lw)  # type: ignore[misc]  # checked for every MoE layer when enabled
@@ -733,7 +734,7 @@ class K3Model:
 # saves two of the torch form's three launches (~3 us each) on any size; past this size the matrix's own read
 # time (15 us at 4.3 TB/s) dwarfs them, and cuBLAS's tuned mat-vec is kept for the large products.
 VEC_MAX_ELEMENTS = 32 << 20
-KERNEL_CHECK_TOL = 1e-2  # enable_decode_kernels: f16 rounding of the torch form is ~1e-3 relative
+KERNEL_CHECK_TOL = 1e-2  # enable_kernels: f16 rounding of the torch form is ~1e-3 relative
 
 
 def _vec_fits(m: Mat) -> bool:
