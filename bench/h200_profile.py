@@ -11,6 +11,8 @@ prepares sparkinfer with the target's candidate options, then:
 - times what every round worker pays before its first timed rep: the weight load (prepare) and the first
   decode begin (prefill of the context plus the CUDA graph capture);
 - probes the kernels a next step could use: torch._grouped_mm per dtype, F.rms_norm's launch count;
+- records which path the engine chose (its identity's ``kernels`` note) and, when the Triton kernels are on,
+  times the graph decode and the prefill once more with the torch form (``decode_graph_torch_form_tok_s``);
 - computes the decode-rate bound from the bytes one token must read (scoreboard.ceiling) at a bandwidth.
 Prints a table and writes JSON. These are diagnosis numbers, not round results: no gate ran on them.
 
@@ -182,9 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         res[f"first_decode_begin_{key}_s"] = round(time.perf_counter() - t0, 3)
         if not graph and not args.no_parts:
             label_parts()
+        res[f"kernels_{key}"] = prep.identity.extra.get("kernels")
         s = timed(engine, prep, *dec, args.reps)
         res[f"decode_{key}_tok_s"] = round(args.tokens / s, 1)
         res[f"decode_{key}_ms_per_token"] = round(s * 1e3 / args.tokens, 4)
+        model = prep.handle.model
+        if graph and model.use_kernels:  # the same decode with the torch form: what the kernels buy
+            model.use_kernels, prep.handle.decoder = False, None  # a fresh decoder captures the torch form
+            engine.begin(prep, dec[0])
+            s = timed(engine, prep, *dec, args.reps)
+            res["decode_graph_torch_form_tok_s"] = round(args.tokens / s, 1)
+            s = timed(engine, prep, *pre, args.reps)
+            res["prefill_torch_form_tok_s"] = round(args.prefill / s, 1)
+            model.use_kernels, prep.handle.decoder = True, None
         if not graph:
             one = Workload.split("decode", depth, 1, ids[:depth + 1])
             res["decode_step_profile"] = profiled(engine, prep, *one, args.top)
