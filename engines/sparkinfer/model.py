@@ -312,14 +312,17 @@ class K3Model:
                 self.use_kernels = False
             errs["kda"] = max(rel(got, want), rel(state.s, twin.s), rel(state.conv, twin.conv))
         scan = self._scan_if_on(c.kda_head_dim)
-        if kda and scan is not None:  # the prefill's chunk recurrence over 3 chunks, both forms
+        # the prefill's chunk recurrence, both forms, over 3 and 16 chunks (Triton compiles an integer argument
+        # divisible by 16 apart: a 2048-token call is 128 chunks, and no variant should compile in a timed rep)
+        for n_chunks in (3, 16) if kda and scan is not None else ():
             h, hd, ch = c.n_head, c.kda_head_dim, self.kda_chunk
-            qq, kk, vv = l2_norm(rnd(3 * ch, h, hd), 1e-6), l2_norm(rnd(3 * ch, h, hd), 1e-6), rnd(3 * ch, h, hd)
-            g = -torch.rand(3 * ch, h, hd, generator=gen).to(dev)
-            beta, s0 = torch.rand(3 * ch, h, generator=gen).to(dev), rnd(h, hd, hd)
+            tt = n_chunks * ch
+            qq, kk, vv = l2_norm(rnd(tt, h, hd), 1e-6), l2_norm(rnd(tt, h, hd), 1e-6), rnd(tt, h, hd)
+            g = -torch.rand(tt, h, hd, generator=gen).to(dev)
+            beta, s0 = torch.rand(tt, h, generator=gen).to(dev), rnd(h, hd, hd)
             o_t, s_t = delta_rule_chunked(qq, kk, vv, g, beta, s0, 0.1, ch)
             o_k, s_k = delta_rule_chunked(qq, kk, vv, g, beta, s0, 0.1, ch, scan)
-            errs["chunk scan"] = max(rel(o_k, o_t), rel(s_k, s_t))
+            errs[f"chunk scan {n_chunks}"] = max(rel(o_k, o_t), rel(s_k, s_t))
         counts = [0] * c.n_expert  # the prefill's grouped products: an empty group, a partial tile, several tiles
         counts[0], counts[-1], counts[c.n_expert // 2] = 3, 70, 1
         xg = rnd(sum(counts), c.expert_latent_length)
