@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         K.mla_decode = counted(K.mla_decode, 4)
         K.chunk_scan = counted(K.chunk_scan, 1)
         K.grouped_mm = counted(K.grouped_mm, 1)
-        print(prep.handle.model.enable_kernels(), file=sys.stderr)
+        m = prep.handle.model
+        print(m.enable_kernels(), {k: f"{e:.2g}" for k, e in m.kernel_errors.items()}, file=sys.stderr)
     res = {}
     for phase, wl in (("decode", Workload.split("decode", args.depth, 1, ids[:args.depth + 1])),
                       ("prefill", Workload.split("prefill", 0, args.prefill, ids[:args.prefill]))):

@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if not graph and not args.no_parts:
             label_parts()
         res[f"kernels_{key}"] = prep.identity.extra.get("kernels")
+        res[f"kernel_errors_{key}"] = dict(prep.handle.model.kernel_errors)
         s = timed(engine, prep, *dec, args.reps)
         res[f"decode_{key}_tok_s"] = round(args.tokens / s, 1)
         res[f"decode_{key}_ms_per_token"] = round(s * 1e3 / args.tokens, 4)

@@ -138,6 +138,17 @@ def test_a_candidate_with_wrong_logits_is_rejected_before_timing(lock, candidate
     assert out.path is not None and verify_all(lock, tmp_path / "rounds").ok
 
 
+def test_an_engine_whose_identity_changes_between_launches_is_aborted(lock, candidate_repo, cache, tmp_path):
+    """An engine that picks its code path per launch (a kernel that compiles in one worker and not the next)
+    would be timed running other code than the gate judged: the first later launch that says so aborts."""
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate_options={"mode": "path_by_launch"})
+    r = out.receipt
+    assert r["status"] == "aborted" and out.exit_code == 1 and r["verdict"] is None
+    reason = r["aborted"]["reason"]
+    assert "reported another identity in a later launch" in reason and "extra.pid" in reason, r["aborted"]
+    assert "What was timed would not be what was judged" in reason
+
+
 @pytest.mark.parametrize("mode, says", [
     ("raise_in_prepare", "toy (gate) failed: RuntimeError: the toy engine's prepare crashed"),
     ("exit_in_prepare", "toy worker (gate) crashed with exit 7 and no result"),

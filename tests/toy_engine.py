@@ -32,7 +32,8 @@ STEP_S = 0.002  # per forward: a rate well under any ceiling, and samples a real
 
 class ToyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["ok", "wrong_logits", "raise_in_prepare", "exit_in_prepare", "forge_result"] = "ok"
+    # path_by_launch: the engine picks its code path at start-up and says so in its identity (here: by pid)
+    mode: Literal["ok", "wrong_logits", "raise_in_prepare", "exit_in_prepare", "forge_result", "path_by_launch"] = "ok"
 
 
 def row(prefix: tuple[int, ...] | list[int], salt: bytes = b"") -> np.ndarray:
@@ -89,7 +90,11 @@ class ToyEngine(Engine):
         if mode == "forge_result":  # the worker's argv: REQUEST.json RESULT.json
             Path(sys.argv[2]).write_text('{"protocol": "scoreboard-worker/1", "ok": true, "rank": "zero"}')
             os._exit(0)
-        return Prepared(self.describe(target), handle=b"wrong" if mode == "wrong_logits" else b"")
+        ident = self.describe(target)
+        if mode == "path_by_launch":
+            ident = EngineIdentity(engine=ident.engine, version=ident.version, source=ident.source,
+                                   device=ident.device, extra={**ident.extra, "pid": os.getpid()})
+        return Prepared(ident, handle=b"wrong" if mode == "wrong_logits" else b"")
 
     def logits(self, prepared, request):
         return LogitsResult(_logits(request.token_ids, request.positions, prepared.handle), request.geometry)

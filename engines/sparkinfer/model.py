@@ -243,6 +243,7 @@ class K3Model:
         # the Triton kernels (kernels.py) in place of torch ops: one token's layers, the prefill's KDA recurrence
         # and grouped experts. Set by enable_kernels once each kernel matched its torch form on these weights
         self.use_kernels = False
+        self.kernel_errors: dict[str, float] = {}  # each kernel's relative error against its torch form
 
     def enable_kernels(self) -> str:
         """Use the Triton kernels (kernels.py) — for one token: the products up to VEC_MAX_ELEMENTS with their
@@ -267,7 +268,10 @@ class K3Model:
         if bad:
             return "torch: the Triton kernels disagreed with the torch form (relative error " + ", ".join(bad) + ")"
         self.use_kernels = True
-        return f"triton {kernels.triton.__version__}: self-check " + ", ".join(f"{k} {e:.2g}" for k, e in errs.items())
+        self.kernel_errors = errs
+        # what was checked, not the errors: the note is part of the engine identity, which every launch of a
+        # round must repeat exactly (the errors are on the model, for diagnosis)
+        return f"triton {kernels.triton.__version__}: " + ", ".join(errs)
 
     def _kernel_errors(self, kernels: Any, lw: dict[str, Any]) -> dict[str, float]:
         """Each kernel's relative error against the torch form (self.use_kernels is still off), on random

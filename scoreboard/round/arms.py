@@ -9,7 +9,7 @@ processes timed by the parent's clock.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -61,6 +61,9 @@ class WorkerClient:
     log: RoundLog
     source: CandidateSource | None
     target: Any  # EngineTarget: the candidate's
+    # the identity the arm's first launch of its own target reported (the gate's, for the candidate): every later
+    # launch must report the same, so the code that was timed is the code that was judged
+    first: dict[str, Any] = field(default_factory=dict)
 
     def root(self) -> Path:
         """The directory whose `engines` the worker imports (a git arm's export is re-verified each launch)."""
@@ -84,7 +87,22 @@ class WorkerClient:
         if res.result.ranks is not None:
             self.check_ranks(res.result.ranks)
         self.log.record_peaks([p.as_dict() for p in res.result.peak_memory])
+        if target is None and harness_engine is None and res.result.identity is not None:
+            self.check_identity(res.result.identity)  # the arm's own engine at its own target
         return res
+
+    def check_identity(self, identity: dict[str, Any]) -> None:
+        """The first launch's identity is the arm's; a later launch that reports another ran other code (an engine
+        that picks its code path at start-up, e.g. a kernel that compiles on one launch and not the next)."""
+        if not self.first:
+            self.first.update(identity)
+            return
+        if identity != self.first:
+            was, now = _flat(self.first), _flat(identity)
+            diff = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+            raise EngineError(f"the {self.ctx.target.candidate_engine} engine reported another identity in a later launch "
+                              f"than in its first: {'; '.join(diff[:6])}. What was timed would not be what was judged",
+                              "make the engine choose its code path the same way in every launch, then run the round again")
 
     def check_ranks(self, fps: list[dict[str, Any]]) -> None:
         """Every rank's fingerprint: recorded (first launch), checked against the node class (every launch)."""
@@ -176,3 +194,13 @@ def reference_arm(ctx: RoundContext, log: RoundLog, engine: Engine, prepared: Pr
 def worker_arm(name: str, ctx: RoundContext, log: RoundLog, source: CandidateSource | None, target: Any) -> Arm:
     return Arm(name, "candidate-side", ctx.target.candidate_engine, source, ctx.isolation,
                WorkerClient(ctx, log, source, target))
+
+
+def _flat(d: Any, path: str = "") -> dict[str, Any]:
+    """{dotted.path: leaf} of nested dicts (an identity's changed fields, named)."""
+    if not isinstance(d, dict):
+        return {path: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{path}.{k}" if path else str(k)))
+    return out
