@@ -48,7 +48,6 @@ snap() { (cd "$SB" && tar czf "$WORK/state.tgz.part" rounds reference.lock && mv
 summary() {  # the verdict block of a round log
   grep -E -A6 "^verdict" "$1" | cut -c1-200; grep -E "^receipt|rror|refus" "$1" | tail -4
 }
-rm -f "$WORK/stop" "$WORK/done"; echo $$ > "$WORK/pid"
 RENEW=--renew-reference-anchor  # on every record until a round has completed (see above)
 go() { [ ! -f "$WORK/stop" ] || { stamp "stopped by $WORK/stop"; touch "$WORK/done"; exit 0; }; }
 head1() { git log --oneline -1 | cut -c1-100; }
@@ -85,33 +84,39 @@ phase_profile() {
   echo "profile rc $?"; tail -3 "$WORK/prof.log"
 }
 
-stamp "setup (phases: $PHASES; DRY_CPU=$DRY_CPU)"
-if [ "$DRY_CPU" = 1 ]; then
-  export PYTHONPATH=$SB  # this machine's Python already has the packages; the clone's harness comes first
-else
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$KIT"/whl/*.whl 2>&1 | tail -2
-  mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
-  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-fi
-bwrap --version
-git clone -q -b main "$KIT/sb.bundle" "$SB" && cd "$SB" || exit 1
-git config user.email box@scoreboard; git config user.name box
-git reset -q --hard "$BASE" && head1 || exit 1
-if [ "$DRY_CPU" != 1 ]; then  # no pip -e: it would leave build files that make the tree dirty
-  site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-  echo "$PWD" > "$site/scoreboard-local.pth"
-  d="$site/scoreboard-0.1.0.dist-info"; mkdir -p "$d"
-  printf 'Metadata-Version: 2.1\nName: scoreboard\nVersion: 0.1.0\n' > "$d/METADATA"
-  printf '[scoreboard.engines]\nllamacpp = engines.llamacpp.engine:LlamaCppEngine\nsparkinfer = engines.sparkinfer.engine:SparkInferEngine\n' > "$d/entry_points.txt"
-fi
-python3 -m scoreboard engines | tail -3
-stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
-python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
-GEN=$!
-python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
-wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
-for p in $PHASES; do "phase_$p"; done
-go
-python3 -m scoreboard verify 2>&1 | tail -3
-stamp done
-touch "$WORK/done"
+main() {  # read whole before it runs: a copy of this file rewritten under the running job changes nothing
+  rm -f "$WORK/stop" "$WORK/done"; echo $$ > "$WORK/pid"
+  [ ! -f "$WORK/state.tgz" ] || mv "$WORK/state.tgz" "$WORK/state-before-$$.tgz"  # an earlier job's records
+  stamp "setup (phases: $PHASES; DRY_CPU=$DRY_CPU)"
+  if [ "$DRY_CPU" = 1 ]; then
+    export PYTHONPATH=$SB  # this machine's Python already has the packages; the clone's harness comes first
+  else
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$KIT"/whl/*.whl 2>&1 | tail -2
+    mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  fi
+  bwrap --version
+  [ ! -e "$SB" ] || { mv "$SB" "$SB.before-$$" && echo "an earlier clone kept as $SB.before-$$"; }
+  git clone -q -b main "$KIT/sb.bundle" "$SB" && cd "$SB" || exit 1
+  git config user.email box@scoreboard; git config user.name box
+  git reset -q --hard "$BASE" && head1 || exit 1
+  if [ "$DRY_CPU" != 1 ]; then  # no pip -e: it would leave build files that make the tree dirty
+    site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+    echo "$PWD" > "$site/scoreboard-local.pth"
+    d="$site/scoreboard-0.1.0.dist-info"; mkdir -p "$d"
+    printf 'Metadata-Version: 2.1\nName: scoreboard\nVersion: 0.1.0\n' > "$d/METADATA"
+    printf '[scoreboard.engines]\nllamacpp = engines.llamacpp.engine:LlamaCppEngine\nsparkinfer = engines.sparkinfer.engine:SparkInferEngine\n' > "$d/entry_points.txt"
+  fi
+  python3 -m scoreboard engines | tail -3
+  stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
+  python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
+  GEN=$!
+  python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
+  wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+  for p in $PHASES; do "phase_$p"; done
+  go
+  python3 -m scoreboard verify 2>&1 | tail -3
+  stamp done
+  touch "$WORK/done"
+}
+main; exit
