@@ -45,8 +45,8 @@ export PYTHONUNBUFFERED=1 SCOREBOARD_CACHE=$CACHE COLUMNS=160
 export SCOREBOARD_REFERENCE_SOURCE="git+file://$KIT/llama.cpp@$LLAMA_COMMIT"
 stamp() { echo "== $* at $SECONDS s ($(date -u +%H:%M:%S))"; }
 snap() { (cd "$SB" && tar czf "$WORK/state.tgz.part" rounds reference.lock && mv "$WORK/state.tgz.part" "$WORK/state.tgz"); }
-summary() {  # the verdict block of a round log
-  grep -E -A6 "^verdict" "$1" | cut -c1-200; grep -E "^receipt|rror|refus" "$1" | tail -4
+summary() {  # the verdict block of a round log, then its receipt and any error (each line once)
+  { grep -E -A6 "^verdict" "$1"; grep -E "^receipt|rror|refus" "$1" | tail -4; } | cut -c1-200 | awk '!seen[$0]++'
 }
 RENEW=--renew-reference-anchor  # on every record until a round has completed (see above)
 go() { [ ! -f "$WORK/stop" ] || { stamp "stopped by $WORK/stop"; touch "$WORK/done"; exit 0; }; }
