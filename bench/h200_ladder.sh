@@ -62,9 +62,12 @@ round() {  # LOG TARGET: a sealed main round of TARGET at main
   echo "$1 rc $?"; summary "$WORK/$1.log"; snap
   grep -q "^verdict:" "$WORK/$1.log" && RENEW=  # a completed round is the new anchor
 }
-advance() {  # I: main fast-forwarded to STEP I (1-based); fails when it is already in main or cannot be reached
+advance() {  # I: main fast-forwarded to STEP I (1-based); fails when main has it, it moves records, or is out of reach
   local s=${STEPS[$1 - 1]}
   if git merge-base --is-ancestor "$s" HEAD 2>/dev/null; then echo "step$1: main already contains $s"; return 1; fi
+  if ! git diff --quiet HEAD "$s" -- rounds reference.lock 2>/dev/null; then  # the job's records chain from BASE's
+    echo "step$1: $s changes rounds/ or reference.lock (or is no commit); put such commits into BASE"; return 1
+  fi
   go; git merge -q --ff-only "$s" || { echo "step$1: fast-forward to $s failed"; return 1; }
 }
 phase_cal() { calibrate cal "$GPU_TARGET" "$CAL_SEEDS"; }
