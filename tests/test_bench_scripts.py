@@ -46,6 +46,15 @@ def test_ladder_known_phases_pass_to_the_usage_check(tmp_path: Path) -> None:
     assert "unknown phase" not in out.stderr and out.stderr.startswith("usage: [PHASES=")
 
 
+@pytest.mark.parametrize(("wide_step", "phases"), [("0", "cal ladder wide profile"),
+                                                   ("1", "cal ladder wide widestep profile")])
+def test_ladder_default_phases(wide_step: str, phases: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PHASES"} | {"WIDE_STEP": wide_step}
+    out = subprocess.run(["bash", str(LADDER)], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 1
+    assert out.stderr.startswith(f'usage: [PHASES="{phases}"] bash ')
+
+
 def test_poll_brings_back_a_finished_job(tmp_path: Path) -> None:
     work, out_dir = tmp_path / "work", tmp_path / "out"
     work.mkdir(), out_dir.mkdir()
