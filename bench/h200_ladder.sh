@@ -3,79 +3,123 @@
 # first call starts this under setsid and later calls poll it (bench/h200_poll.sh). Everything comes from the
 # carried kit (the box reaches neither PyPI nor GitHub; docs/reference-pin.md, docs/isolation.md): wheels,
 # bubblewrap's .deb, a git bundle of this repository, llama.cpp's pinned tree as a git repository.
-#   1. set up; the reference built at its pin (k3-gpu-h200's preflight) beside the k3-wide generation;
-#   2. main at BASE, then for each STEP: main fast-forwarded to it and a sealed main round of k3-gpu-h200,
-#      scored against the frontier the previous round left (its receipt, ledger line and slots in rounds/);
-#   3. k3-wide-h200 calibrated (WIDE_SEEDS seeds), then its BASELINE round and an A/A round of the same main;
-#   4. the diagnosis profile at the last step.
+# Setup always runs: the kit installed, main cloned at BASE, the reference built at its pin (GPU_TARGET's
+# preflight) beside the generation of GEN_WEIGHTS. Then the PHASES, in the order given:
+#   cal       GPU_TARGET calibrated with CAL_SEEDS seeds;
+#   ladder    for each STEP: main fast-forwarded to it and a sealed main round of GPU_TARGET, scored against
+#             the frontier the previous round left (its receipt, ledger line and slots in rounds/);
+#   wide      WIDE_TARGET calibrated with WIDE_SEEDS seeds, then its BASELINE round and an A/A round of main;
+#   widestep  the last STEP on both targets: main fast-forwarded to it, a GPU_TARGET round, a WIDE_TARGET round
+#             (with widestep listed, ladder leaves the last STEP to it, so wide's rounds are of the commit
+#             before it and the WIDE_TARGET round scores that step alone);
+#   profile   the diagnosis profile of GPU_TARGET at main as it then stands.
+# Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every
 # bare box builds llama.cpp again from the verified pinned tree, and nvcc's output is not byte-reproducible (on
 # 2026-12-01 libggml-cuda.so differed between two boxes, the other 12 files matched), so the build sealed on an
-# earlier box cannot match. WIDE_FIRST=1 runs step 3 before step 2. The job's pid is in $WORK/pid: stop it with
+# earlier box cannot match. Only a round's receipt becomes the next anchor (a calibration record does not), so the
+# flag stays on every record until a round has completed. The job's pid is in $WORK/pid: stop it with
 # `kill -- -$(cat $WORK/pid)` (never `pkill -f <pattern>` from a command line that contains the pattern: it kills
 # its own shell), or `touch $WORK/stop` to stop before the next record.
-# usage: setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
+# DRY_CPU=1 runs the same control flow on a CPU machine (with a CPU target for GPU_TARGET and WIDE_TARGET): no
+# wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
+# usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-WORK=$1; KIT=$(cd "$2" && pwd); BASE=$3; shift 3
+ALL_PHASES="cal ladder wide widestep profile"
+[ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
+PHASES=${PHASES:-$DEFAULT_PHASES}
+for p in $PHASES; do
+  case " $ALL_PHASES " in *" $p "*) ;; *) echo "unknown phase '$p' in PHASES=\"$PHASES\"; the phases: $ALL_PHASES" >&2; exit 1;; esac
+done
+[ $# -ge 3 ] || { echo "usage: [PHASES=\"$DEFAULT_PHASES\"] bash $0 WORK KIT BASE STEP..." >&2; exit 1; }
+mkdir -p "$1" && WORK=$(cd "$1" && pwd) && KIT=$(cd "$2" && pwd) || exit 1
+BASE=$3; shift 3; STEPS=("$@"); N=$#
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+DRY_CPU=${DRY_CPU:-0}; SB=${SB:-/root/sb}; GEN_WEIGHTS=${GEN_WEIGHTS:-k3-wide}
+GPU_TARGET=${GPU_TARGET:-k3-gpu-h200}; WIDE_TARGET=${WIDE_TARGET:-k3-wide-h200}
+BLOCKS=${BLOCKS:-4}; REPS=${REPS:-2}; CAL_SEEDS=${CAL_SEEDS:-20}; WIDE_SEEDS=${WIDE_SEEDS:-20}
 LLAMA_COMMIT=b260ed1d9705ddc92fef432356d8274055b3d58d  # the carried git form of the pinned sdist tree
-export PYTHONUNBUFFERED=1 SCOREBOARD_CACHE=/tmp/sbcache COLUMNS=160
+[ "$DRY_CPU" = 1 ] && CACHE=$HOME/.cache/scoreboard PROF_DEVICE=cpu || CACHE=/tmp/sbcache PROF_DEVICE=cuda
+export PYTHONUNBUFFERED=1 SCOREBOARD_CACHE=$CACHE COLUMNS=160
 export SCOREBOARD_REFERENCE_SOURCE="git+file://$KIT/llama.cpp@$LLAMA_COMMIT"
-BLOCKS=${BLOCKS:-4}; REPS=${REPS:-2}; WIDE_SEEDS=${WIDE_SEEDS:-3}
 stamp() { echo "== $* at $SECONDS s ($(date -u +%H:%M:%S))"; }
-snap() { (cd /root/sb && tar czf "$WORK/state.tgz.part" rounds reference.lock && mv "$WORK/state.tgz.part" "$WORK/state.tgz"); }
-summary() {  # the verdict block of a round log
-  grep -E -A6 "^verdict" "$1" | cut -c1-200; grep -E "^receipt|rror|refus" "$1" | tail -4
+snap() { (cd "$SB" && tar czf "$WORK/state.tgz.part" rounds reference.lock && mv "$WORK/state.tgz.part" "$WORK/state.tgz"); }
+summary() {  # the verdict block of a round log, then its receipt and any error (each line once)
+  { grep -E -A6 "^verdict" "$1"; grep -E "^receipt|rror|refus" "$1" | tail -4; } | cut -c1-200 | awk '!seen[$0]++'
 }
-echo $$ > "$WORK/pid"
-RENEW=--renew-reference-anchor  # the first record on this box (see above); cleared once one is sealed
+RENEW=--renew-reference-anchor  # on every record until a round has completed (see above)
 go() { [ ! -f "$WORK/stop" ] || { stamp "stopped by $WORK/stop"; touch "$WORK/done"; exit 0; }; }
-stamp setup
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$KIT"/whl/*.whl 2>&1 | tail -2
-mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
-bwrap --version; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-git clone -q -b main "$KIT/sb.bundle" /root/sb && cd /root/sb || exit 1
-git config user.email box@scoreboard; git config user.name box
-git reset -q --hard "$BASE" && git log --oneline -1
-site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-echo "$PWD" > "$site/scoreboard-local.pth"  # no pip -e: it would leave build files that make the tree dirty
-d="$site/scoreboard-0.1.0.dist-info"; mkdir -p "$d"
-printf 'Metadata-Version: 2.1\nName: scoreboard\nVersion: 0.1.0\n' > "$d/METADATA"
-printf '[scoreboard.engines]\nllamacpp = engines.llamacpp.engine:LlamaCppEngine\nsparkinfer = engines.sparkinfer.engine:SparkInferEngine\n' > "$d/entry_points.txt"
-python3 -m scoreboard engines | tail -3
-stamp "preflight (reference build) beside the k3-wide generation"
-python3 -c "from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), 'k3-wide')" > "$WORK/gen-wide.log" 2>&1 &
-GEN=$!
-python3 "$HERE/bench/preflight.py" k3-gpu-h200 $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
-wait $GEN; echo "k3-wide generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen-wide.log"
-ladder() {
-  i=0
-  for step in "$@"; do
-    i=$((i + 1)); go
-    git merge -q --ff-only "$step" || { echo "fast-forward to $step failed"; break; }
-    stamp "step $i: $(git log --oneline -1 | cut -c1-100)"
-    python3 -m scoreboard round run --target k3-gpu-h200 --blocks "$BLOCKS" --reps "$REPS" $RENEW > "$WORK/step$i.log" 2>&1
-    rc=$?; echo "step $i rc $rc"; summary "$WORK/step$i.log"; snap
-    grep -q "^verdict:" "$WORK/step$i.log" && RENEW=  # a completed round is the new anchor
-  done
+head1() { git log --oneline -1 | cut -c1-100; }
+calibrate() {  # LOG TARGET SEEDS: a sealed calibration of TARGET's bars at main
+  go; stamp "$1: $2 calibration, $3 seeds"
+  python3 -m scoreboard gate calibrate "$2" --seeds "$3" $RENEW > "$WORK/$1.log" 2>&1
+  echo "$1 rc $?"; tail -25 "$WORK/$1.log"; snap
 }
-wide() {
-  go; stamp "k3-wide-h200 calibration, $WIDE_SEEDS seeds"
-  python3 -m scoreboard gate calibrate k3-wide-h200 --seeds "$WIDE_SEEDS" $RENEW > "$WORK/wide-cal.log" 2>&1
-  echo "calibrate rc $?"; tail -25 "$WORK/wide-cal.log"; snap
-  for name in baseline aa; do
-    go; stamp "k3-wide-h200 $name round"
-    python3 -m scoreboard round run --target k3-wide-h200 --blocks "$BLOCKS" --reps "$REPS" $RENEW > "$WORK/wide-$name.log" 2>&1
-    echo "wide $name rc $?"; summary "$WORK/wide-$name.log"; snap
-    grep -q "^verdict:" "$WORK/wide-$name.log" && RENEW=
-  done
+round() {  # LOG TARGET: a sealed main round of TARGET at main
+  go; stamp "$1: $2 round at $(head1)"
+  python3 -m scoreboard round run --target "$2" --blocks "$BLOCKS" --reps "$REPS" $RENEW > "$WORK/$1.log" 2>&1
+  echo "$1 rc $?"; summary "$WORK/$1.log"; snap
+  grep -q "^verdict:" "$WORK/$1.log" && RENEW=  # a completed round is the new anchor
 }
-if [ "${WIDE_FIRST:-0}" = 1 ]; then wide; ladder "$@"; else ladder "$@"; wide; fi
-go
-stamp "profile at the last step"
-python3 "$HERE/bench/h200_profile.py" --target k3-gpu-h200 --out "$WORK/prof-k3-gpu-h200.json" > "$WORK/prof.log" 2>&1
-echo "profile rc $?"
-python3 -m scoreboard verify 2>&1 | tail -3
-stamp done
-touch "$WORK/done"
+advance() {  # I: main fast-forwarded to STEP I (1-based); fails when main has it, it moves records, or is out of reach
+  local s=${STEPS[$1 - 1]}
+  if git merge-base --is-ancestor "$s" HEAD 2>/dev/null; then echo "step$1: main already contains $s"; return 1; fi
+  if ! git diff --quiet HEAD "$s" -- rounds reference.lock 2>/dev/null; then  # the job's records chain from BASE's
+    echo "step$1: $s changes rounds/ or reference.lock (or is no commit); put such commits into BASE"; return 1
+  fi
+  go; git merge -q --ff-only "$s" || { echo "step$1: fast-forward to $s failed"; return 1; }
+}
+phase_cal() { calibrate cal "$GPU_TARGET" "$CAL_SEEDS"; }
+phase_ladder() {
+  local i last=$N
+  case " $PHASES " in *" widestep "*) last=$((N - 1));; esac
+  for ((i = 1; i <= last; i++)); do advance $i && round "step$i" "$GPU_TARGET"; done
+}
+phase_wide() { calibrate wide-cal "$WIDE_TARGET" "$WIDE_SEEDS"; round wide-baseline "$WIDE_TARGET"; round wide-aa "$WIDE_TARGET"; }
+phase_widestep() {
+  [ "$N" -ge 1 ] || { echo "widestep: no STEP given"; return; }
+  advance "$N" || return; round "step$N" "$GPU_TARGET"; round wide-step "$WIDE_TARGET"
+}
+phase_profile() {
+  go; stamp "profile at $(head1)"
+  python3 "$HERE/bench/h200_profile.py" --target "$GPU_TARGET" --device "$PROF_DEVICE" --out "$WORK/prof-$GPU_TARGET.json" > "$WORK/prof.log" 2>&1
+  echo "profile rc $?"; tail -3 "$WORK/prof.log"
+}
+
+main() {  # read whole before it runs: a copy of this file rewritten under the running job changes nothing
+  rm -f "$WORK/stop" "$WORK/done"; echo $$ > "$WORK/pid"
+  [ ! -f "$WORK/state.tgz" ] || mv "$WORK/state.tgz" "$WORK/state-before-$$.tgz"  # an earlier job's records
+  stamp "setup (phases: $PHASES; DRY_CPU=$DRY_CPU)"
+  if [ "$DRY_CPU" = 1 ]; then
+    export PYTHONPATH=$SB  # this machine's Python already has the packages; the clone's harness comes first
+  else
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$KIT"/whl/*.whl 2>&1 | tail -2
+    mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  fi
+  bwrap --version
+  [ ! -e "$SB" ] || { mv "$SB" "$SB.before-$$" && echo "an earlier clone kept as $SB.before-$$"; }
+  git clone -q -b main "$KIT/sb.bundle" "$SB" && cd "$SB" || exit 1
+  git config user.email box@scoreboard; git config user.name box
+  git reset -q --hard "$BASE" && head1 || exit 1
+  if [ "$DRY_CPU" != 1 ]; then  # no pip -e: it would leave build files that make the tree dirty
+    site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+    echo "$PWD" > "$site/scoreboard-local.pth"
+    d="$site/scoreboard-0.1.0.dist-info"; mkdir -p "$d"
+    printf 'Metadata-Version: 2.1\nName: scoreboard\nVersion: 0.1.0\n' > "$d/METADATA"
+    printf '[scoreboard.engines]\nllamacpp = engines.llamacpp.engine:LlamaCppEngine\nsparkinfer = engines.sparkinfer.engine:SparkInferEngine\n' > "$d/entry_points.txt"
+  fi
+  python3 -m scoreboard engines | tail -3
+  stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
+  python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
+  GEN=$!
+  python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
+  wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+  for p in $PHASES; do "phase_$p"; done
+  go
+  python3 -m scoreboard verify 2>&1 | tail -3
+  stamp done
+  touch "$WORK/done"
+}
+main; exit

@@ -1,0 +1,84 @@
+"""The GPU box's shell jobs (bench/*.sh): they parse, the ladder refuses an unknown phase before touching
+anything, and the poll brings back what a finished job left. None of them runs a round here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((REPO / "bench").glob("*.sh"))
+LADDER = REPO / "bench" / "h200_ladder.sh"
+POLL = REPO / "bench" / "h200_poll.sh"
+
+
+def bash(args: list[str], env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_there_are_scripts() -> None:
+    assert LADDER in SCRIPTS and POLL in SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses(script: Path) -> None:
+    out = bash(["-n", str(script)])
+    assert out.returncode == 0, out.stderr
+
+
+def test_ladder_refuses_an_unknown_phase_by_name(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    out = bash([str(LADDER), str(work), str(tmp_path), "HEAD", "HEAD"], {"PHASES": "cal ladder wdie profile"})
+    assert out.returncode == 1
+    assert out.stderr.strip() == ('unknown phase \'wdie\' in PHASES="cal ladder wdie profile"; '
+                                  "the phases: cal ladder wide widestep profile")
+    assert not work.exists()  # refused before the job made anything
+
+
+def test_ladder_known_phases_pass_to_the_usage_check(tmp_path: Path) -> None:
+    out = bash([str(LADDER), str(tmp_path / "work")], {"PHASES": "widestep profile"})
+    assert out.returncode == 1
+    assert "unknown phase" not in out.stderr and out.stderr.startswith("usage: [PHASES=")
+
+
+@pytest.mark.parametrize(("wide_step", "phases"), [("0", "cal ladder wide profile"),
+                                                   ("1", "cal ladder wide widestep profile")])
+def test_ladder_default_phases(wide_step: str, phases: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PHASES"} | {"WIDE_STEP": wide_step}
+    out = subprocess.run(["bash", str(LADDER)], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 1
+    assert out.stderr.startswith(f'usage: [PHASES="{phases}"] bash ')
+
+
+def test_poll_brings_back_a_finished_job(tmp_path: Path) -> None:
+    work, out_dir = tmp_path / "work", tmp_path / "out"
+    work.mkdir(), out_dir.mkdir()
+    (work / "job.log").write_text("== setup at 0 s\nstep1 rc 0\nverdict: XL\nsomething else\n")
+    (work / "step1.log").write_text("verdict: XL\n")
+    with tarfile.open(work / "state.tgz", "w:gz") as tar:
+        tar.add(work / "step1.log", arcname="rounds/x.json")
+    (work / "done").touch()
+    out = bash([str(POLL), str(out_dir), str(work), "60"], timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["JOB DONE", "== setup at 0 s", "step1 rc 0", "verdict: XL"]
+    assert (out_dir / "state.tgz").read_bytes() == (work / "state.tgz").read_bytes()
+    with tarfile.open(out_dir / "logs.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"./job.log", "./step1.log", "./done"} <= names and "./state.tgz" not in names
+
+
+def test_poll_returns_when_the_job_is_gone(tmp_path: Path) -> None:
+    work, out_dir = tmp_path / "work", tmp_path / "out"
+    work.mkdir(), out_dir.mkdir()
+    (work / "job.log").write_text("== setup at 0 s\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (work / "pid").write_text(f"{dead.pid}\n")
+    out = bash([str(POLL), str(out_dir), str(work), "120"], timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == f"job {dead.pid} is not running and left no done file: it died"
