@@ -23,8 +23,8 @@ def kernels():
     """The kernels module; without a GPU it must run in Triton's interpreter (tests/conftest.py sets it)."""
     from engines.sparkinfer import kernels as k
 
-    if not torch.cuda.is_available() and type(k._experts_in_situ).__name__ != "InterpretedFunction":
-        pytest.skip("no GPU and triton was imported without TRITON_INTERPRET=1")
+    if type(k._experts_in_situ).__name__ != "InterpretedFunction":  # these tests feed CPU tensors
+        pytest.skip("triton compiles here (a GPU box): on the GPU the engine's own self-check compares the kernels")
     return k
 
 
