@@ -276,12 +276,12 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
             assert note.startswith("triton"), note
             assert model.use_kernels
         dec = StaticDecoder(model, 256, capture=False)
-        cache = dec.reset(len(ids) + 6)
+        cache = dec.reset(len(ids) + 3)
         from engines.sparkinfer.engine import prefill
 
         first = prefill(model, cache, ids, 512, [len(ids) - 1]).argmax(-1)
         dec.check()
-        toks = dec.run(first, 6)
+        toks = dec.run(first, 3)
         runs[use] = (toks, dec.logits.clone())
     assert runs[True][0] == runs[False][0]
     a, b = runs[True][1], runs[False][1]
