@@ -288,6 +288,27 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
     assert float((a - b).norm() / b.norm()) < 1e-2
 
 
+def test_a_kernel_that_fails_on_the_box_leaves_the_torch_form(kernels, mini, monkeypatch):
+    """A compile or launch failure (a box whose Triton cannot build) and a kernel that disagrees with its torch
+    form both keep every path on torch, and the note (the identity's `kernels`) says which and why."""
+    cfg, w = mini
+
+    def broken(*a, **k):
+        raise RuntimeError("ptxas died")
+
+    monkeypatch.setattr(kernels, "situ_vec", broken)
+    model = K3Model(cfg, w)
+    note = model.enable_kernels()
+    assert not model.use_kernels and note == "torch: a Triton kernel failed here (RuntimeError: ptxas died)"
+    monkeypatch.undo()
+    real = kernels.res_mix
+    monkeypatch.setattr(kernels, "res_mix", lambda *a, **k: real(*a, **k) * 1.1)  # 10% off: a wrong kernel
+    model = K3Model(cfg, w)
+    note = model.enable_kernels()
+    assert not model.use_kernels and note.startswith("torch: the Triton kernels disagreed with the torch form")
+    assert "res_mix" in note
+
+
 def test_kernels_are_not_enabled_for_weights_they_do_not_fit(kernels, mini, tmp_path):
     """float32 experts (the CPU targets' dtype) stay on the torch form, and the note says why."""
     cfg, _ = mini

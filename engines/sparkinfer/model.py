@@ -360,11 +360,15 @@ class K3Model:
         for m in by_kind.values():
             xv = rnd(1, m.w.shape[1])
             errs[f"product {tuple(m.w.shape)}"] = rel(kernels.linear_vec(xv, m.w), linear(xv, m))
-        if vec:  # with the RMSNorm prologue and the residual epilogue
+        if vec:  # with the RMSNorm prologue and/or the residual epilogue (each combination is its own compile)
             m = min(vec, key=lambda v: v.w.numel())
             xv, nw, add = rnd(1, m.w.shape[1]), rnd(m.w.shape[1]).abs(), rnd(1, m.w.shape[0])
-            want = add + linear(rms_norm(xv, nw, c.rms_norm_eps), m)
-            errs["product+norm+add"] = rel(kernels.linear_vec(xv, m.w, nw, c.rms_norm_eps, add), want)
+            for use_norm, use_add in ((True, False), (False, True), (True, True)):
+                n_, a_ = (nw if use_norm else None), (add if use_add else None)
+                want = linear(rms_norm(xv, nw, c.rms_norm_eps) if use_norm else xv, m)
+                want = want if a_ is None else a_ + want
+                name = "product" + "+norm" * use_norm + "+add" * use_add
+                errs[name] = rel(kernels.linear_vec(xv, m.w, n_, c.rms_norm_eps, a_), want)
         return errs
 
     # -- state ---------------------------------------------------------------------------------
