@@ -45,6 +45,11 @@ BLOCK_SITU = 1024  # columns per program in situ_vec
 MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
 MLA_BT = 16  # rows per step inside one
 GMM_BM, GMM_BN, GMM_BK = 64, 64, 32  # grouped_mm's tile
+SCAN_BV = 16  # value columns per chunk_scan program
+# warps per program where the default 4 spills: ptxas for sm_90 (Triton 3.6, bench/triton_compile.py) gave
+# kda_step 255 registers + 72 B stack at 8 warps (104 B at 16), chunk_scan 172 and no stack at 8 warps with 16
+# value columns (255 + 264 B at 4 warps with 32), mla_combine no stack at 8 warps up to 64 splits
+WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_combine": 8}
 BLOCK_K = 128  # reduction step (f16 weights: 256 bytes per row per step)
 
 
@@ -337,7 +342,8 @@ def kda_step(q: Tensor, k: Tensor, v: Tensor, gf: Tensor, beta: Tensor, gout: Te
     out = torch.empty(1, di, dtype=torch.float32, device=s.device)
     rows = [z.reshape(-1).float().contiguous() for z in (q, k, v, gf, beta, gout)]
     _kda_step[(h,)](*rows, conv, conv_w.contiguous(), na.reshape(-1).contiguous(), dt_na.reshape(-1).contiguous(),
-                    s, norm_w.contiguous(), out, lower_bound, eps, scale, DI=di, HD=hd, KC=kc, num_warps=8)
+                    s, norm_w.contiguous(), out, lower_bound, eps, scale, DI=di, HD=hd, KC=kc,
+                    num_warps=WARPS["kda_step"])
     return out
 
 
@@ -453,7 +459,7 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
     out = torch.empty(1, h * v, dtype=torch.float32, device=q.device)
     g = out if gate is None else gate.reshape(-1).float().contiguous()
     _mla_combine[(h,)](part, wv_b, g, out, n_split, HAS_GATE=gate is not None, KVR=kvr, V=v,
-                       NSP=triton.next_power_of_2(n_split), BV=min(v, 32))
+                       NSP=triton.next_power_of_2(n_split), BV=min(v, 32), num_warps=WARPS["mla_combine"])
     return out
 
 
@@ -494,9 +500,10 @@ def chunk_scan(u0: Tensor, w: Tensor, k_tail: Tensor, decay: Tensor, s: Tensor) 
     starts = torch.empty(n, h, dk, dv, dtype=torch.float32, device=s.device)
     us = torch.empty(n, h, c, dv, dtype=torch.float32, device=s.device)
     final = s.float().contiguous().clone()
-    bv = min(dv, 32)
+    bv = min(dv, SCAN_BV)
     _chunk_scan[(h, dv // bv)](u0.float().contiguous(), w.float().contiguous(), k_tail.float().contiguous(),
-                               decay.float().contiguous(), final, starts, us, n, H=h, C=c, DK=dk, DV=dv, BV=bv)
+                               decay.float().contiguous(), final, starts, us, n, H=h, C=c, DK=dk, DV=dv, BV=bv,
+                               num_warps=WARPS["chunk_scan"])
     return starts, us, final
 
 
