@@ -42,15 +42,17 @@ def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int
     c = get_spec(name).config()
     e, f, lat, k = c.n_embd, c.expert_ff, c.expert_latent_length, c.n_expert_used
     hd, kvr, rope, nope, v = c.kda_head_dim, c.kv_lora_rank, c.rope_dim, c.qk_nope_dim, c.value_length_mla
-    const = {"BN": K.BLOCK_N, "BK": K.BLOCK_K}
     rows = -(-c.n_layer // c.attn_res_block_size) + 1 if c.attn_res_block_size > 0 else 2
     cp = triton.next_power_of_2(rows)
     out: list[tuple[str, Any, dict[str, str], dict[str, Any], int]] = []
     lv = {"x_ptr": P, "w_ptr": H, "out_ptr": P, "norm_ptr": P, "add_ptr": P, "N": "i32", "K": "i32", "eps": "fp32",
           "HAS_NORM": "constexpr", "HAS_ADD": "constexpr", "BN": "constexpr", "BK": "constexpr"}
     for norm, add in ((False, False), (True, False), (False, True), (True, True)):
-        out.append((f"linear_vec norm={norm} add={add}", K._linear_vec, lv, {**const, "HAS_NORM": norm, "HAS_ADD": add}, 4))
-    out.append(("linear_vec f32 router", K._linear_vec, {**lv, "w_ptr": P}, {**const, "HAS_NORM": True, "HAS_ADD": False}, 4))
+        for bn in (4, 8, 16):  # every row block K.vec_blocks picks, at its widest reduction step
+            out.append((f"linear_vec norm={norm} add={add} bn={bn}", K._linear_vec, lv,
+                        {"BN": bn, "BK": 512, "HAS_NORM": norm, "HAS_ADD": add}, 4))
+    out.append(("linear_vec f32 router", K._linear_vec, {**lv, "w_ptr": P},
+                {"BN": 4, "BK": 512, "HAS_NORM": True, "HAS_ADD": False}, 4))
     out.append(("experts_in_situ", K._experts_in_situ,
                 {"x_ptr": P, "w_ptr": H, "sel_ptr": I64, "out_ptr": P, "inv_beta": "fp32", "inv_lb": "fp32",
                  "beta_lb": "fp32", "F": "constexpr", "LAT": "constexpr", "LINEAR_UP": "constexpr", "BF": "constexpr",

@@ -40,7 +40,6 @@ Tensor = torch.Tensor
 
 BLOCK_F = 32  # output columns of a per program in experts_in_situ (each reads 2 x BLOCK_F weight rows)
 BLOCK_L = 8  # output rows per program in experts_down_sum (k3-gpu's latent 1024: 128 programs)
-BLOCK_N = 16  # output columns per program in linear_vec
 BLOCK_SITU = 1024  # columns per program in situ_vec
 MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
 MLA_BT = 16  # rows per step inside one
@@ -161,9 +160,18 @@ def linear_vec(x: Tensor, w: Tensor, norm: Tensor | None = None, eps: float = 0.
     out = torch.empty(1, n, dtype=torch.float32, device=x.device)
     nv = out if norm is None else norm.reshape(-1).float().contiguous()  # a placeholder pointer when unused
     av = out if add is None else add.reshape(-1).float().contiguous()
-    _linear_vec[(triton.cdiv(n, BLOCK_N),)](xv.contiguous(), w, out, nv, av, n, k, eps, HAS_NORM=norm is not None,
-                                            HAS_ADD=add is not None, BN=BLOCK_N, BK=BLOCK_K)
+    bn, bk = vec_blocks(n, k)
+    _linear_vec[(triton.cdiv(n, bn),)](xv.contiguous(), w, out, nv, av, n, k, eps, HAS_NORM=norm is not None,
+                                       HAS_ADD=add is not None, BN=bn, BK=bk)
     return out
+
+
+def vec_blocks(n: int, k: int) -> tuple[int, int]:
+    """linear_vec's (rows, reduction step) per program. A mat-vec is bound by the bytes in flight: each program
+    streams a [BN, BK] tile per step, so BK is wide (512 f16 = 1 KB per row) and BN as large as still leaves
+    two programs per multiprocessor (132 on an H200)."""
+    bn = next((b for b in (16, 8) if n >= b * 2 * 132), 4)
+    return bn, min(512, max(16, triton.next_power_of_2(k)))
 
 
 @triton.jit

@@ -262,7 +262,10 @@ class K3Model:
             return f"torch: triton unavailable ({exc})"
         try:
             errs = self._kernel_errors(kernels, moe[0])
+            if all(e < KERNEL_CHECK_TOL for e in errs.values()):
+                errs["forward"] = self._forward_error()
         except Exception as exc:  # a compile or launch failure on this box: the torch form still runs
+            self.use_kernels = False
             return f"torch: a Triton kernel failed here ({type(exc).__name__}: {exc})"
         bad = [f"{k} {e:.3g}" for k, e in errs.items() if not e < KERNEL_CHECK_TOL]
         if bad:
@@ -272,6 +275,26 @@ class K3Model:
         # what was checked, not the errors: the note is part of the engine identity, which every launch of a
         # round must repeat exactly (the errors are on the model, for diagnosis)
         return f"triton {kernels.triton.__version__}: " + ", ".join(errs)
+
+    def _forward_error(self) -> float:
+        """The whole model with the kernels against the torch form, from fresh caches: a 32-token prefill (the
+        KDA scan over two chunks, the grouped experts) and one decoded token fed the same token to both; the
+        relative error of their logits. It also compiles every product variant the forward uses, so none
+        compiles later in a timed step."""
+        dev = self.device
+        gen = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, self.cfg.n_vocab, (32,), generator=gen).to(dev)
+        last, row0 = torch.tensor([31], device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+        out: dict[bool, Tensor] = {}
+        tok: Tensor | None = None
+        for use in (False, True):
+            self.use_kernels = use
+            cache = self.new_cache(64)
+            first = self.forward(ids, cache, last)
+            tok = first.argmax(-1) if tok is None else tok  # type: ignore[union-attr]
+            out[use] = torch.cat([first, self.forward(tok, cache, row0)])  # type: ignore[list-item]
+        self.use_kernels = False
+        return float((out[True] - out[False]).norm() / out[False].norm().clamp_min(1e-30))
 
     def _kernel_errors(self, kernels: Any, lw: dict[str, Any]) -> dict[str, float]:
         """Each kernel's relative error against the torch form (self.use_kernels is still off), on random
