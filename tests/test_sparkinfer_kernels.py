@@ -267,6 +267,15 @@ def test_every_kernel_compiles_for_sm90_without_a_gpu(tmp_path):
     assert all(k["reg"] > 0 for k in res["kernels"])  # ptxas allocated registers: machine code was made
 
 
+def test_libcuda_is_found_in_the_process_s_own_mappings(kernels):
+    maps = ("7f00-7f01 r-xp 00000000 fd:00 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+            "7f10-7f11 r-xp 00000000 fd:00 13 /usr/local/nvidia/lib64/libcuda.so.580.159.03\n"
+            "7f30-7f31 rw-p 00000000 00:00 0 [heap]\n")  # the resolved file, as the kernel maps it
+    assert kernels.libcuda_dir(maps) == "/usr/local/nvidia/lib64"
+    assert kernels.libcuda_dir("7f00-7f01 r-xp 0 fd:00 1 /usr/lib/libc.so.6\n7f30-7f31 rw-p 0 00:00 0\n") is None
+    assert kernels.libcuda_dir("7f00-7f01 r-xp 0 fd:00 1 /opt/x/libcudart.so.13\n") is None  # the runtime, not the driver
+
+
 def test_mismatched_down_weights_are_refused(kernels):
     w_in = torch.zeros(4, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="down weights"):

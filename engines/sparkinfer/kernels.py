@@ -32,9 +32,40 @@ through Triton's interpreter (``TRITON_INTERPRET=1``).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
-import triton
-import triton.language as tl
+
+
+def libcuda_dir(maps: str) -> str | None:
+    """The directory of the CUDA driver library a process has mapped (the text of /proc/self/maps: the mapped
+    file is the resolved one, e.g. libcuda.so.580.159.03 beside its libcuda.so.1 link), or None."""
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.count("/") else ""
+        if os.path.basename(path).startswith("libcuda.so"):
+            return os.path.dirname(path)
+    return None
+
+
+def _point_triton_at_libcuda() -> None:
+    """Triton's launcher finds libcuda through `/sbin/ldconfig -p` unless TRITON_LIBCUDA_PATH says where. In a
+    sandboxed worker the environment is an allow-list and the linker cache may not list the driver's mount, while
+    the driver torch already loaded is right here: point Triton at its directory."""
+    if os.environ.get("TRITON_LIBCUDA_PATH") or not torch.cuda.is_initialized():
+        return
+    try:
+        found = libcuda_dir(Path("/proc/self/maps").read_text())
+    except OSError:
+        return
+    if found:
+        os.environ["TRITON_LIBCUDA_PATH"] = found
+
+
+_point_triton_at_libcuda()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 Tensor = torch.Tensor
 
