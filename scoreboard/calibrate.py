@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from .history import ledger
 from .cache import cache_dir as default_cache_dir
 from .errors import InputError, NonCompliant
+from .fields import changes
 from .lockfile import GatePolicy, Lock, Target, atomic_write_text, lock_digest, load_lock
 from .history.receipt import Receipt, utc_now
 from .history.seal import canonical_bytes, check_seal, check_signature, load_private_key, make_seal, sha256_hex
@@ -91,20 +92,9 @@ def definition_sha256(defn: Mapping[str, Any]) -> str:
     return sha256_hex(canonical_bytes(defn))
 
 
-def _flat(obj: Any, path: str = "") -> dict[str, Any]:
-    if isinstance(obj, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flat(v, f"{path}.{k}" if path else str(k)))
-        return out
-    return {path: json.dumps(obj, sort_keys=True)}
-
-
 def definition_changes(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """`gate.kl_max: 0.001 -> 0.002` for every field that differs."""
-    a, b = _flat(then), _flat(now)
-    return [f"{k}: {a.get(k, '(absent)')} -> {b.get(k, '(absent)')}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)]
+    return changes(then, now)
 
 
 def noise_pair(target_id: str, target: Target, candidate_options: Mapping[str, Any]) -> dict[str, str]:

@@ -285,16 +285,25 @@ class K3Model:
         gen = torch.Generator().manual_seed(1)
         ids = torch.randint(0, self.cfg.n_vocab, (32,), generator=gen).to(dev)
         last, row0 = torch.tensor([31], device=dev), torch.zeros(1, dtype=torch.long, device=dev)
-        out: dict[bool, Tensor] = {}
-        tok: Tensor | None = None
-        for use in (False, True):
-            self.use_kernels = use
-            cache = self.new_cache(64)
-            first = self.forward(ids, cache, last)
-            tok = first.argmax(-1) if tok is None else tok  # type: ignore[union-attr]
-            out[use] = torch.cat([first, self.forward(tok, cache, row0)])  # type: ignore[list-item]
-        self.use_kernels = False
-        return float((out[True] - out[False]).norm() / out[False].norm().clamp_min(1e-30))
+        cache = self.new_cache(64)
+        first = self.forward(ids, cache, last)
+        tok = first.argmax(-1)  # type: ignore[union-attr]  # rows were asked for: never None
+        want = torch.cat([first, self.forward(tok, cache, row0)])  # type: ignore[list-item]
+
+        def kernel_form() -> Tensor:  # the same prefill, then the same token fed
+            kc = self.new_cache(64)
+            return torch.cat([self.forward(ids, kc, last), self.forward(tok, kc, row0)])  # type: ignore[list-item]
+
+        got = self._with_kernels(kernel_form)
+        return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+    def _with_kernels(self, fn: Any) -> Any:
+        """fn() with the kernels on: the self-check's kernel form (they stay off until every check passes)."""
+        self.use_kernels = True
+        try:
+            return fn()
+        finally:
+            self.use_kernels = False
 
     def _kernel_errors(self, kernels: Any, lw: dict[str, Any]) -> dict[str, float]:
         """Each kernel's relative error against the torch form (self.use_kernels is still off), on random
@@ -332,11 +341,7 @@ class K3Model:
             state.s.copy_(rnd(*state.s.shape) * 0.1)
             twin = KDAState(conv=state.conv.clone(), s=state.s.clone())
             want = self._kda(klw, x, twin)
-            self.use_kernels = True
-            try:
-                got = self._kda(klw, x, state)
-            finally:
-                self.use_kernels = False
+            got = self._with_kernels(lambda: self._kda(klw, x, state))
             errs["kda"] = max(rel(got, want), rel(state.s, twin.s), rel(state.conv, twin.conv))
         scan = self._scan_if_on(c.kda_head_dim)
         # the prefill's chunk recurrence, both forms, over 3 and 16 chunks (Triton compiles an integer argument
@@ -365,11 +370,7 @@ class K3Model:
                 mtwin = MLAState(latent=mst.latent.clone())
                 at = torch.tensor([37], device=dev)
                 want = self._mla(mlw, x, mtwin, at, 64)
-                self.use_kernels = True
-                try:
-                    got = self._mla(mlw, x, mst, at, 64)
-                finally:
-                    self.use_kernels = False
+                got = self._with_kernels(lambda: self._mla(mlw, x, mst, at, 64))
                 errs["mla"] = max(rel(got, want), rel(mst.latent.float(), mtwin.latent.float()))
         if c.attn_res_block_size > 0:
             e, rows = c.n_embd, self._res_rows()

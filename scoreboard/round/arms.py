@@ -16,6 +16,7 @@ from typing import Any, Callable, Literal
 from .. import environment
 from ..engine import Engine, LogitsRequest, Prepared, Workload
 from ..errors import EngineError, InputError
+from ..fields import changes
 from .candidate import CandidateSource, import_root
 from .clock import SessionPlan, run_session
 from .context import RoundContext, RoundLog
@@ -98,8 +99,7 @@ class WorkerClient:
             self.first.update(identity)
             return
         if identity != self.first:
-            was, now = _flat(self.first), _flat(identity)
-            diff = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+            diff = changes(self.first, identity)
             raise EngineError(f"the {self.ctx.target.candidate_engine} engine reported another identity in a later launch "
                               f"than in its first: {'; '.join(diff[:6])}. What was timed would not be what was judged",
                               "make the engine choose its code path the same way in every launch, then run the round again")
@@ -194,13 +194,3 @@ def reference_arm(ctx: RoundContext, log: RoundLog, engine: Engine, prepared: Pr
 def worker_arm(name: str, ctx: RoundContext, log: RoundLog, source: CandidateSource | None, target: Any) -> Arm:
     return Arm(name, "candidate-side", ctx.target.candidate_engine, source, ctx.isolation,
                WorkerClient(ctx, log, source, target))
-
-
-def _flat(d: Any, path: str = "") -> dict[str, Any]:
-    """{dotted.path: leaf} of nested dicts (an identity's changed fields, named)."""
-    if not isinstance(d, dict):
-        return {path: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{path}.{k}" if path else str(k)))
-    return out
