@@ -207,7 +207,7 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     return Verdict(label=label, gain=scored.gain, gain_ci=scored.gain_ci, basis=scored.basis,
                    frontier=scored.frontier if scored.basis != "none" else None, value=scored.value,
                    speed_label=speed_label, reasons=list(reasons),
-                   explanation=_explain(label, speed_label, scored, policy, fails, claim, bool(flags)), claim=claim,
+                   explanation=_explain(label, speed_label, scored, policy, fails, claim, flags), claim=claim,
                    flags=list(flags))
 
 
@@ -222,7 +222,8 @@ _BASIS_WORDS = {"main-same-round": "main measured in the same round on the same 
 
 
 def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool,
-             flagged: bool = False) -> str:
+             flags: Sequence[str] = ()) -> str:
+    flagged = bool(flags)
     kind = "claimed, not measured: " if claim else ""
     head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
     if not claim and ev.basis != "none":
@@ -251,10 +252,15 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
                      f"{min(policy.buckets.values()) * 100:.2f}%." if policy.buckets else " No buckets are set.")
         else:
             body += f" That reaches tier {speed_label} (threshold {policy.buckets[speed_label] * 100:.2f}%)."
-    if flagged:
+    no_basis = [f for f in flags if "no sound basis" in f]
+    if len(no_basis) < len(flags):
         body += (" Some samples have zero variance (reps identical to the nanosecond, or identical block "
                  "values), which no real clock produces: those metrics are flagged and not scored, so the "
                  "verdict is inconclusive.")
+    if no_basis:
+        body += (f" The arm it is compared with is no sound basis ({'; '.join(no_basis[:2])}): that metric is not "
+                 "scored, so the verdict is inconclusive. The candidate is not at fault; run the round again, and "
+                 "if it repeats, see docs/receipt-format.md (verdict.flags).")
     if fails:
         body += (f" But a guard failed ({'; '.join(fails)}), so the verdict is REJECT; the speed alone would have "
                  f"earned {speed_label}.")
@@ -379,13 +385,24 @@ def _wanted_tokens(checked: Mapping[str, Any] | None, greedy: Any, variant: Any)
     return outs[variant] if ok else None
 
 
-def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> list[str]:
-    """Timed reps must have produced what the checked (gate) run produced for their variant (MLPerf TEST01);
-    another harness-clocked arm's outputs must have passed their check; no rep may beat the physical
-    ceiling recorded with the samples. Re-derived from the raw outputs, never from the recorded flags alone."""
+def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> tuple[list[str], list[str], list[str]]:
+    """(the candidate's problems, why the metric has no sound basis, notes) for one metric's timed outputs.
+
+    The candidate's timed reps must have produced what its checked (gate) run produced for their variant
+    (MLPerf TEST01), and no candidate rep may beat the physical ceiling recorded with the samples: a failure
+    is the candidate's, a REJECT. Another harness-clocked arm (a main round's frontier commit, a PR round's
+    main) is not the party measured: the candidate cannot touch its tree or its sandbox. Its outputs failing
+    the reference, or its reps beating the ceiling, leave the metric without a sound basis (flagged, not
+    scored: the verdict is inconclusive), never a REJECT of the candidate. Its outputs varying across blocks
+    while every one passes the reference is a note about that commit (a run-dependent sum order, say): the
+    arm did the workload correctly each time, so its clock is a measurement. Re-derived from the raw outputs,
+    never from the recorded flags alone, except the reference's grade of another arm's outputs (that needs
+    the reference, so it is read from the arm's output check)."""
     from .ceiling import implausible
 
-    problems = []
+    problems: list[str] = []
+    basis: list[str] = []
+    notes: list[str] = []
     name = metric_name(m)
     if entry.timed_output_ok is False:
         problems.append(f"{name}: timed outputs differ from the checked run (timed_output_ok false)")
@@ -393,26 +410,46 @@ def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> list[st
     checked = ((s.gate.checked if s.gate else None) or {}).get(key)
     greedy = ((s.gate.greedy if s.gate else None) or {}).get(key)
     for b in entry.arms["candidate"].blocks:
+        if problems:
+            break
         for r, ids in enumerate(b.token_ids or []):
             v = b.variants[r] if b.variants is not None and r < len(b.variants) else None
             want = _wanted_tokens(checked, greedy, v)
             if (checked is not None or greedy is not None) and (want is None or list(ids) != list(want)):
                 problems.append(f"{name}: block {b.block} rep {r} produced tokens that differ from the checked "
                                 "run of its variant")
-                return problems
+                break
     ceiling = s.speed.ceiling if s.speed else None
     for arm, data in entry.arms.items():
         if arm == "reference":
             continue
-        check = data.output_check
-        if check is not None and check.ok is False:
-            problems.append(f"{name}: the {arm} arm's timed outputs failed their check: "
-                            + "; ".join(map(str, check.reasons or ["recorded as failed"])))
         samples = [x for b in data.blocks for x in b.samples_ns]
         why = implausible(ceiling, m.phase, m.n_tokens, samples)
+        if arm == "candidate":
+            if why:
+                problems.append(f"{name}: {arm} arm: {why}; the metric is not scored")
+            continue
+        check = data.output_check
+        if check is not None and check.ok is False:
+            basis.append(f"{name}: the {arm} arm's timed outputs failed their check: "
+                         + "; ".join(map(str, check.reasons or ["recorded as failed"]))
+                         + f"; the {arm} arm is no sound basis (a fault of its commit, not the candidate's)")
         if why:
-            problems.append(f"{name}: {arm} arm: {why}; the metric is not scored")
-    return problems
+            basis.append(f"{name}: {arm} arm: {why}; it is no sound basis")
+        varied = _varied_outputs(data)
+        if varied and not (check is not None and check.ok is False):
+            notes.append(f"{name}: the {arm} arm's outputs varied across blocks ({varied}), each passing the "
+                         f"reference: that commit is not deterministic on this box; its clock still counts")
+    return problems, basis, notes
+
+
+def _varied_outputs(arm: ArmRec) -> str:
+    """`variant 1: 2 outputs` for every variant whose timed reps gave more than one output ('' if none)."""
+    seen: dict[int, set[tuple[int, ...]]] = {}
+    for b in arm.blocks:
+        for v, ids in zip(b.variants or [], b.token_ids or []):
+            seen.setdefault(v, set()).add(tuple(ids))
+    return ", ".join(f"variant {v}: {len(o)} outputs" for v, o in sorted(seen.items()) if len(o) > 1)
 
 
 def verdict_from_receipt(receipt: Receipt | Mapping[str, Any], target: Target | None = None) -> Verdict:
@@ -446,8 +483,10 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
         cand_arm = entry.arms["candidate"]
         cand = _block_values(cand_arm, f"{path}.arms.candidate")
         order = sorted(_blocks(cand_arm))
-        correctness += _timed_output_problems(s, entry, m)
-        zero = zero_variance(entry.arms, metric_name(m))
+        cand_problems, no_basis, out_notes = _timed_output_problems(s, entry, m)
+        correctness += cand_problems
+        notes += out_notes
+        zero = zero_variance(entry.arms, metric_name(m)) + no_basis
         # the same-round basis: a PR's main, a main round's re-measured frontier commit
         paired = "main" if not s.is_main else "frontier"
         main_blocks, ev_notes = None, []

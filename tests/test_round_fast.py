@@ -207,6 +207,47 @@ def pr_commit(repo: Path) -> str:
     return sha
 
 
+def varying_main(repo: Path, lock: Path, vary: str) -> str:
+    """main's commit decodes differently on every other launch (engines/toy/VARY), the PR's does not; the
+    toy target's top-1 bar at 0.7, so that one flipped token of a 4-token decode (0.75) still passes."""
+    (repo / "engines" / "toy" / "VARY").write_text(vary + "\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"main decodes by launch ({vary})")
+    (repo / "engines" / "toy" / "VARY").unlink()
+    sha = pr_commit(repo)
+    doc = tomlkit.parse(lock.read_text())
+    doc["targets"][TARGET]["gate"]["top1_min"] = 0.7
+    lock.write_text(tomlkit.dumps(doc))
+    assert load_lock(lock).target(TARGET).gate.top1_min == 0.7
+    return sha
+
+
+@pytest.mark.parametrize("vary", ["last", "all"])
+def test_a_comparison_arm_that_is_not_deterministic_is_its_commits_fault_never_the_candidates(
+        vary, lock, candidate_repo, cache, tmp_path):
+    """The H200 ladder of 2026-12-01 sealed two REJECTs of a correct, deterministic candidate because the
+    frontier commit's own decode varied across blocks (an atomic sum order). The other arm is another commit
+    in its own sandbox: the candidate cannot touch it. Outputs that vary but each pass the reference are a
+    note and the round is scored; outputs that fail the reference leave no sound basis: inconclusive."""
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate=varying_main(candidate_repo, lock, vary))
+    r = out.receipt
+    assert r["status"] == "verdict" and r["gate"]["pass"], r["aborted"]
+    dec = next(m for m in r["speed"]["metrics"] if m["phase"] == "decode")
+    assert dec["timed_output_ok"]  # the candidate reproduced its checked run in every timed rep
+    check = dec["arms"]["main"]["output_check"]
+    assert any("different outputs across blocks" in n for n in check["notes"]), check
+    v = r["verdict"]
+    assert v["label"] != "REJECT" and out.exit_code == 0, v
+    if vary == "last":
+        assert check["ok"] and check["reasons"] == []
+        assert not v["flags"] and any("outputs varied across blocks" in x for x in v["reasons"]), v
+    else:
+        assert not check["ok"] and "fails the reference check" in check["reasons"][0]
+        assert v["label"] == "inconclusive" and any("no sound basis" in f for f in v["flags"]), v
+        assert "The candidate is not at fault" in v["explanation"]
+    assert verdict_from_receipt(parse_receipt(json.loads(out.path.read_text()))).as_dict() == v
+
+
 def sealed_round(kind: str, lock: Path, repo: Path, cache: Path, tmp_path: Path):
     """A toy round of `kind` ("main": a BASELINE; "pr": a PR against main in the same round), and its sealed file."""
     out = _round(lock, repo, cache, tmp_path, **({"candidate": pr_commit(repo)} if kind == "pr" else {}))

@@ -10,6 +10,9 @@ the registry's entry point "engines.toy.engine:ToyEngine" (tests/test_round_fast
 The candidate's `mode` option picks a behaviour: "ok", "wrong_logits" (logits of another model, its
 outputs still self-consistent), "raise_in_prepare" (an engine bug), "exit_in_prepare" (the process dies
 without a result) and "forge_result" (the process writes a malformed result file and exits).
+A tree that holds `engines/toy/VARY` (a commit's own file, not an option: options are the target's, the same
+for every arm) decodes differently on every other launch: "last" flips a decode's last token (a run-dependent
+sum order that moves one argmax), "all" flips every token (a broken commit).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from scoreboard.engine import Engine, EngineIdentity, LogitsResult, Prepared, Rep
 
 VOCAB = 64
+_LAUNCH = 0  # this process's launch number among the launches of its tree (VARY only)
 STEP_S = 0.002  # per forward: a rate well under any ceiling, and samples a real clock cannot repeat exactly
 
 
@@ -91,6 +95,7 @@ class ToyEngine(Engine):
             Path(sys.argv[2]).write_text('{"protocol": "scoreboard-worker/1", "ok": true, "rank": "zero"}')
             os._exit(0)
         ident = self.describe(target)
+        _count_launch()
         if mode == "path_by_launch":
             ident = EngineIdentity(engine=ident.engine, version=ident.version, source=ident.source,
                                    device=ident.device, extra={**ident.extra, "pid": os.getpid()})
@@ -107,9 +112,32 @@ class ToyEngine(Engine):
         if workload.phase == "prefill":
             time.sleep(STEP_S)
             return [int(np.argmax(row(seq, prepared.handle)))]
+        vary = _vary()
         out = []
-        for _ in range(workload.n_tokens):
+        for k in range(workload.n_tokens):
             time.sleep(STEP_S)
-            out.append(int(np.argmax(row(seq, prepared.handle))))
-            seq.append(out[-1])
+            tok = int(np.argmax(row(seq, prepared.handle)))
+            if _LAUNCH % 2 and (vary == "all" or (vary == "last" and k == workload.n_tokens - 1)):
+                tok = (tok + 1) % VOCAB
+            out.append(tok)
+            seq.append(tok)
         return out
+
+
+def _vary() -> str:
+    f = Path(__file__).with_name("VARY")
+    return f.read_text().strip() if f.exists() else ""
+
+
+def _count_launch() -> None:
+    """Number this launch among its tree's launches (a counter outside the tree: the tree stays clean)."""
+    global _LAUNCH
+    if not _vary():
+        return
+    import tempfile
+
+    key = hashlib.sha256(str(Path(__file__).resolve()).encode()).hexdigest()[:16]
+    counter = Path(tempfile.gettempdir()) / f"toy-launches-{key}"
+    n = int(counter.read_text()) + 1 if counter.exists() else 0
+    counter.write_text(str(n))
+    _LAUNCH = n

@@ -6,6 +6,9 @@ Format history (``format_version``, major.minor; docs/receipt-format.md is the r
         fields, algorithm, signature, public_key}.
   1.1 — optional top-level ``calibration`` (the sealed calibration the gate bars relied on, or
         ``skipped``); 1.0 receipts have none and stay valid.
+  1.2 — optional ``notes`` in a same-round arm's ``output_check`` (variants whose outputs varied across
+        blocks, each graded by the reference); a comparison arm failing its check or the ceiling flags
+        the metric (inconclusive), it no longer REJECTs the candidate.
 A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
@@ -29,7 +32,7 @@ from ..errors import InputError
 if TYPE_CHECKING:
     from ..lockfile import Target
 
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 FORMAT_MAJOR = 1
 
 VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
@@ -170,12 +173,13 @@ class Block(_Open):
 
 
 class OutputCheck(_Open):
-    """A same-round arm's timed outputs checked (one output per variant, each passing the reference)."""
+    """A same-round arm's timed outputs checked: every distinct output of each variant passes the reference."""
 
     ok: bool
-    reasons: list[str]
+    reasons: list[str]  # the outputs that failed the reference
     graded_by_reference: int | None = None  # outputs unlike the candidate's, graded against the reference
-    _OPTIONAL_KEYS = frozenset({"graded_by_reference"})
+    notes: list[str] | None = None  # 1.2: variants whose outputs varied across blocks (each graded)
+    _OPTIONAL_KEYS = frozenset({"graded_by_reference", "notes"})
 
 
 class Arm(_Open):
