@@ -147,14 +147,14 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
             t1 = [float(r["top1"]) for r in rows]
             per_depth[str(d)] = {"kl_mean_worst": max(km), "kl_mean_mean": float(np.mean(km)), "kl_mean_best": min(km),
                                  "kl_p99_worst": max(float(r["kl_p99"]) for r in rows), "top1_worst": min(t1),
-                                 "top1_mean": float(np.mean(t1))}
+                                 "top1_mean": float(np.mean(t1)), "top1_best": max(t1)}
         gate_view = [max(float(x["kl_mean"]) for x in s) for s in seeds]
         out[arm] = {"depths": per_depth, "seed_worst_depth_kl_mean": {"worst": max(gate_view), "best": min(gate_view),
                                                                        "mean": float(np.mean(gate_view))}}
     return out
 
 
-def _pooled_top1(record: Mapping[str, Any], arm: str) -> dict[int, float]:
+def pooled_top1(record: Mapping[str, Any], arm: str) -> dict[int, float]:
     """depth -> top-1 agreement over every seed's rows at that depth (each seed weighted by its row count)."""
     hits: dict[int, float] = {}
     rows: dict[int, int] = {}
@@ -205,7 +205,7 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
             v, s, d = worst_top1
             problems.append(f"{label}: top-1 {v:.4f} at depth {d} (seed {s}) < top1_min {policy.top1_min:g} "
                             f"({policy.top1_min - v:.4f} short)")
-    for d, t1 in sorted(_pooled_top1(record, "noise_floor").items()):
+    for d, t1 in sorted(pooled_top1(record, "noise_floor").items()):
         if t1 < NOISE_TOP1_POOLED_MIN:
             problems.append(f"{labels['noise_floor']}: top-1 over all seeds' rows {t1:.4f} at depth {d} < "
                             f"{NOISE_TOP1_POOLED_MIN:g} ({NOISE_TOP1_POOLED_MIN - t1:.4f} short): rounding alone "

@@ -61,7 +61,9 @@ def synthetic(lock_path: Path, target: str = TARGET, correct: float = 1e-9, nois
     created = utc_now()
     rec = {"kind": "calibration", "format_version": "1.0", "calibration_id": new_calibration_id(target, created),
            "created_at": created, "target": target, "definition": defn, "definition_sha256": definition_sha256(defn),
-           "policy": {"margin": t.gate.calibration_margin, "kl_max": t.gate.kl_max}, "seeds": list(seeds),
+           "policy": {"margin": t.gate.calibration_margin, "kl_max": t.gate.kl_max, "kl_p99_max": t.gate.kl_p99_max,
+                      "top1_min": t.gate.top1_min, "depths": list(t.gate.depths),
+                      "rows_per_depth": t.gate.rows_per_depth}, "seeds": list(seeds),
            "candidate": {"engine": "sparkinfer", "label": "synthetic"}, "reference": {"engine": "llamacpp"},
            "noise_floor": {"precise": "float64", "coarse": "float32"}, "faults": list(GATE_FAULTS),
            "runs": [{"seed": s, "prompt": {}, "correct": arm(correct, 1.0), "noise_floor": arm(noise, 1.0),
@@ -290,3 +292,38 @@ def test_calibrate_cli_passes_the_anchor_renewal_to_the_round_it_builds(monkeypa
         res = CliRunner().invoke(app, ["gate", "calibrate", "k3-mini-cpu", "--seeds", "1", "--no-seal", *flag])
         assert isinstance(res.exception, Stop), res.output
         assert seen[-1].renew_reference_anchor is want
+
+
+def test_gate_show_reads_the_sealed_record_and_says_whether_round_run_may_rely_on_it(lock, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """`gate show` renders the latest record (the weakest seed of a fault, the pooled noise top-1) and checks it
+    against the lock as it is now: relied on (exit 0), refused after a bar moved (exit 2, naming the field and
+    the next command), refused when edited after sealing (exit 2, not compliant), an unknown target an input error."""
+    from cli_helpers import run_cli
+
+    rounds = tmp_path / "rounds"
+    rec = synthetic(lock, fault_kl={"mla_as_mqa": 0.5})
+    rec["runs"][1]["faults"]["mla_as_mqa"][0]["kl_mean"] = 0.3  # one weaker seed at the first depth
+    rec["summary"] = summary(rec)
+    path = write_record(rec, rounds)
+    args = ("gate", "show", TARGET, "--lock", str(lock), "--rounds", str(rounds))
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and f"relies on {rec['calibration_id']}" in out, out
+    row = next(x for x in out.splitlines() if "mla_as_mqa" in x)
+    assert "0.3" in row and "0.5" not in row.split("│")[3]  # the fault's worst seed is its lowest KL
+    assert "noise floor top-1 pooled over every seed's rows" in out
+    doc = tomlkit.parse(lock.read_text())
+    doc["targets"][TARGET]["gate"]["kl_max"] = 0.002
+    moved = tmp_path / "moved.lock"
+    moved.write_text(tomlkit.dumps(doc))
+    code, out, _ = run_cli(monkeypatch, capsys, "gate", "show", TARGET, "--lock", str(moved), "--rounds", str(rounds))
+    assert code == 2 and "refuses it now" in out and "gate.kl_max: 0.001 -> 0.002" in out
+    assert f"scoreboard gate calibrate {TARGET}" in out
+    data = json.loads(path.read_bytes())
+    data["runs"][0]["correct"][0]["kl_mean"] = 0.0
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and str(path) in err and "edited after sealing" in err
+    code, _, err = run_cli(monkeypatch, capsys, "gate", "show", "nope", "--lock", str(lock), "--rounds", str(rounds))
+    assert code == 1 and "unknown target 'nope'" in err

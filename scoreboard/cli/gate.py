@@ -59,27 +59,34 @@ def calibrate_cmd(
 
 
 def render(rec: dict[str, Any]) -> None:
+    from .. import calibrate
     pol, noise = rec["policy"], rec["noise_floor"]
     m = pol["margin"]
     console.print(f"[bold]calibration[/] {rec['calibration_id']}  target [bold]{rec['target']}[/]  "
-                  f"{len(rec['seeds'])} seed(s)  candidate {rec['candidate']['label']} {rec['candidate']['commit'][:12]}"
-                  f"  ({rec['stage_seconds'].get('total', 0):.0f} s)", highlight=False)
+                  f"{len(rec['seeds'])} seed(s)  candidate {rec['candidate'].get('label', '?')} "
+                  f"{str(rec['candidate'].get('commit', ''))[:12]}  ({rec.get('stage_seconds', {}).get('total', 0):.0f} s)", highlight=False)
     console.print(f"bars: KL mean <= {pol['kl_max']:g}, p99 <= {pol['kl_p99_max']:g}, top-1 >= {pol['top1_min']:g}; "
-                  f"margin {m:g}: correct and noise floor <= {pol['kl_max'] / m:.3g}, faults >= "
-                  f"{pol['kl_max'] * m:.3g}", highlight=False)
-    t = Table(title="KL(p||q), nats, per gate depth over seeds")
+                  f"margin {m:g}: noise floor <= {pol['kl_max'] / m:.3g} and correct within the bars on every seed, "
+                  f"each fault >= {pol['kl_max'] * m:.3g} on every seed", highlight=False)
+    t = Table(title="KL(p||q), nats, per gate depth over seeds (worst seed: the highest KL for correct and noise, "
+                    "the lowest for a fault)")
     t.add_column("arm", overflow="fold")
     for col in ("depth", "mean: worst", "mean: avg", "p99: worst", "top-1: worst"):
         t.add_column(col, justify="right")
     names = {"correct": "correct", "noise_floor": f"noise {noise['precise']}/{noise['coarse']}"}
-    order = sorted(rec["summary"], key=lambda a: (a.startswith("fault:"), a != "correct", a))
+    summ = calibrate.summary(rec)  # recomputed from the seeds' numbers (records before top1_best lack it)
+    order = sorted(summ, key=lambda a: (a.startswith("fault:"), a != "correct", a))
     for arm in order:
-        s, first = rec["summary"][arm], True
+        s, first, fault = summ[arm], True, arm.startswith("fault:")
         for d, x in sorted(s["depths"].items(), key=lambda kv: int(kv[0])):
-            t.add_row(names.get(arm, arm.removeprefix("fault:")) if first else "", d, f"{x['kl_mean_worst']:.3g}",
-                      f"{x['kl_mean_mean']:.3g}", f"{x['kl_p99_worst']:.3g}", f"{x['top1_worst']:.4f}")
+            worst_kl, worst_t1 = (x["kl_mean_best"], x["top1_best"]) if fault else (x["kl_mean_worst"], x["top1_worst"])
+            t.add_row(names.get(arm, arm.removeprefix("fault:")) if first else "", d, f"{worst_kl:.3g}",
+                      f"{x['kl_mean_mean']:.3g}", "" if fault else f"{x['kl_p99_worst']:.3g}", f"{worst_t1:.4f}")
             first = False
+    pooled = calibrate.pooled_top1(rec, "noise_floor")
     console.print(t)
+    console.print("noise floor top-1 pooled over every seed's rows (>= " f"{calibrate.NOISE_TOP1_POOLED_MIN:g}): "
+                  + ", ".join(f"depth {d} {v:.4f}" for d, v in sorted(pooled.items())), highlight=False)
     sep = rec["separation"]
     if sep["separated"]:
         console.print(f"[bold green]separated[/] with margin {m:g}: `round run --target {rec['target']}` may rely on it")
@@ -87,3 +94,38 @@ def render(rec: dict[str, Any]) -> None:
         console.print(f"[bold red]not separated[/] with margin {m:g}; `round run --target {rec['target']}` will refuse:")
         for p in sep["problems"]:
             console.print(f"  - {p}", highlight=False)
+
+
+@app.command("show")
+def show_cmd(
+    target: str = typer.Argument(..., help="target id in reference.lock"),
+    lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
+    rounds: Path = typer.Option(Path("rounds"), "--rounds", help="rounds directory holding calibrations/"),
+    json_out: bool = typer.Option(False, "--json", help="print the record as JSON"),
+) -> None:
+    """The target's latest sealed calibration (chain, file hash and seal checked), and whether `round run` may
+    rely on it under the lock as it is now. Exit 2 when it may not."""
+    from ..calibrate import check_calibration, latest_calibration
+    from ..errors import InputError
+    from ..lockfile import load_lock
+
+    lk = load_lock(lock)
+    lk.target(target)  # an unknown target is an input error naming the lock's targets
+    found = latest_calibration(rounds, target)
+    if found is None:
+        err_console.print(f"[bold red]error[/]: target {target!r} has no calibration in {rounds}/calibrations.jsonl")
+        err_console.print(f"  next: scoreboard gate calibrate {target}")
+        raise typer.Exit(1)
+    rec, _line = found
+    if json_out:
+        print_json(rec)
+        raise typer.Exit(0)
+    render(rec)
+    try:
+        check_calibration(lk, target, rounds)
+    except InputError as exc:
+        console.print(f"[bold red]`round run --target {target}` refuses it now[/]: {exc.message}", highlight=False)
+        console.print(f"  next: {exc.hint}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"under {lock} as it is now, `round run --target {target}` relies on {rec['calibration_id']}",
+                  highlight=False)
