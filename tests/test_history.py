@@ -332,3 +332,40 @@ def test_cli_frontier_resume_without_receipt_rechains_everything(env):
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "re-chained" in out.stdout and same_history((rounds / "ledger.jsonl").read_bytes(), full)
+
+
+def test_a_comparison_arms_fault_is_no_sound_basis_never_the_candidates_reject():
+    """The frontier arm is another commit in its own sandbox: its failed output check or its reps above the
+    ceiling leave the metric unscored (inconclusive); its outputs varying while each passes is a note."""
+    def case() -> dict:
+        return frontier_arm(make_receipt(candidate_tps=60.0, guard_tps=1080.0, frontier_at_start=50.0, blocks=6),
+                            {"decode": 52.0, "prefill": 1080.0})
+
+    assert verdict_from_receipt(case()).label == "L"
+    r = case()
+    dec = next(m for m in r["speed"]["metrics"] if m["phase"] == "decode")
+    dec["arms"]["frontier"]["output_check"] = {"ok": False, "reasons": ["variant 1: the timed output fails the "
+                                                                        "reference check"], "notes": []}
+    v = verdict_from_receipt(r)
+    assert v.label == "inconclusive" and v.speed_label == "inconclusive", v
+    assert any("no sound basis" in f and "fails the reference check" in f for f in v.flags)
+    assert "The candidate is not at fault" in v.explanation
+    r = case()
+    dec = next(m for m in r["speed"]["metrics"] if m["phase"] == "decode")
+    r["speed"]["ceiling"] = {"decode_max_tok_s": 70.0, "memory_bandwidth_gbs": 4800, "devices": 1,
+                             "decode_bytes_per_token": 1}  # the candidate's 60 tok/s is under it
+    for b in dec["arms"]["frontier"]["blocks"]:  # the frontier arm at ~5,200 tok/s: above it
+        b["samples_ns"] = [max(1, x // 100) for x in b["samples_ns"]]
+    v = verdict_from_receipt(r)
+    assert v.label == "inconclusive" and any("frontier arm" in f and "no sound basis" in f for f in v.flags), v
+    # outputs that vary across blocks, the check passed (each graded by the reference): scored, with a note
+    r = case()
+    dec = next(m for m in r["speed"]["metrics"] if m["phase"] == "decode")
+    for i, b in enumerate(dec["arms"]["frontier"]["blocks"]):
+        b["variants"] = [0] * len(b["samples_ns"])
+        b["token_ids"] = [[1, 2, 3 + i % 2]] * len(b["samples_ns"])
+    dec["arms"]["frontier"]["output_check"] = {"ok": True, "reasons": [], "notes": ["variant 0 gave 2 different "
+                                                                                    "outputs across blocks"]}
+    v = verdict_from_receipt(r)
+    assert v.label == "L" and not v.flags
+    assert any("outputs varied across blocks (variant 0: 2 outputs)" in x for x in v.reasons), v.reasons
