@@ -12,7 +12,9 @@
 #   widestep  the last STEP on both targets: main fast-forwarded to it, a GPU_TARGET round, a WIDE_TARGET round
 #             (with widestep listed, ladder leaves the last STEP to it, so wide's rounds are of the commit
 #             before it and the WIDE_TARGET round scores that step alone);
-#   profile   the diagnosis profile of GPU_TARGET at main as it then stands.
+#   profile   the diagnosis profile of each of PROFILE_TARGETS (default GPU_TARGET) at main as it then stands;
+#   sweep     the decode products' and routed experts' tiles re-timed (bench/h200_kernel_sweep.py) for GPU_TARGET
+#             and WIDE_TARGET at main as it then stands.
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every
@@ -26,7 +28,7 @@
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-ALL_PHASES="cal ladder wide widestep profile"
+ALL_PHASES="cal ladder wide widestep profile sweep"
 [ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
 PHASES=${PHASES:-$DEFAULT_PHASES}
 for p in $PHASES; do
@@ -82,9 +84,21 @@ phase_widestep() {
   advance "$N" || return; round "step$N" "$GPU_TARGET"; round wide-step "$WIDE_TARGET"
 }
 phase_profile() {
-  go; stamp "profile at $(head1)"
-  python3 "$HERE/bench/h200_profile.py" --target "$GPU_TARGET" --device "$PROF_DEVICE" --out "$WORK/prof-$GPU_TARGET.json" > "$WORK/prof.log" 2>&1
-  echo "profile rc $?"; tail -3 "$WORK/prof.log"
+  local t
+  for t in ${PROFILE_TARGETS:-$GPU_TARGET}; do
+    go; stamp "profile of $t at $(head1)"
+    python3 "$HERE/bench/h200_profile.py" --target "$t" --device "$PROF_DEVICE" --out "$WORK/prof-$t.json" > "$WORK/prof-$t.log" 2>&1
+    echo "profile $t rc $?"; tail -3 "$WORK/prof-$t.log"
+  done
+}
+phase_sweep() {
+  local t quick= envs=()
+  [ "$DRY_CPU" = 1 ] && quick=--quick && envs=(TRITON_INTERPRET=1)  # CPU: Triton's interpreter, two tiles each
+  for t in "$GPU_TARGET" "$WIDE_TARGET"; do
+    go; stamp "kernel sweep of $t at $(head1)"
+    env "${envs[@]}" python3 "$HERE/bench/h200_kernel_sweep.py" --target "$t" --device "$PROF_DEVICE" $quick --out "$WORK/sweep-$t.json" > "$WORK/sweep-$t.log" 2>&1
+    echo "sweep $t rc $?"; tail -8 "$WORK/sweep-$t.log" | grep -E "current|best_tiles|saved|error" 
+  done
 }
 
 main() {  # read whole before it runs: a copy of this file rewritten under the running job changes nothing
