@@ -61,7 +61,7 @@ def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int
     out.append(("experts_down_sum", K._experts_down_sum,
                 {"a_ptr": P, "w_ptr": H, "sel_ptr": I64, "wts_ptr": P, "out_ptr": P, "K_USED": "constexpr",
                  "F": "constexpr", "LAT": "constexpr", "BL": "constexpr", "BK": "constexpr"},
-                {"K_USED": k, "F": f, "LAT": lat, "BL": K.BLOCK_L, "BK": K.BLOCK_K}, 4))
+                {"K_USED": k, "F": f, "LAT": lat, "BL": K.BLOCK_L, "BK": K.BLOCK_KD}, 4))
     out.append(("route", K._route,
                 {"logits_ptr": P, "bias_ptr": P, "sel_ptr": I64, "wts_ptr": P, "wsum_min": "fp32", "scale": "fp32",
                  "X": "constexpr", "K_USED": "constexpr", "BX": "constexpr", "SIGMOID": "constexpr",

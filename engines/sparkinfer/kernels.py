@@ -81,6 +81,10 @@ SCAN_BV = 16  # value columns per chunk_scan program
 # value columns (255 + 264 B at 4 warps with 32), mla_combine no stack at 8 warps up to 64 splits
 WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_combine": 8}
 BLOCK_K = 128  # reduction step (f16 weights: 256 bytes per row per step)
+# experts_down_sum's reduction step over F. Its bytes in flight are LAT x BLOCK_KD x 2 per pipeline stage whatever
+# BLOCK_L is (k3-gpu: 1024 x 128 x 2 = 256 KB, where an H200 wants a few MB): a separate knob for
+# bench/h200_kernel_sweep.py to measure before a step changes it
+BLOCK_KD = 128
 
 
 @triton.jit
@@ -609,5 +613,5 @@ def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: 
         F=f, LAT=lat, LINEAR_UP=linear_up, BF=BLOCK_F, BK=BLOCK_K)
     out = torch.empty(1, lat, dtype=torch.float32, device=xin.device)
     _experts_down_sum[(triton.cdiv(lat, BLOCK_L),)](
-        a, w_down, sel, wts.float().contiguous(), out, K_USED=k, F=f, LAT=lat, BL=BLOCK_L, BK=BLOCK_K)
+        a, w_down, sel, wts.float().contiguous(), out, K_USED=k, F=f, LAT=lat, BL=BLOCK_L, BK=BLOCK_KD)
     return out
