@@ -39,16 +39,33 @@ LINEAR_TILES = {"BN": (2, 4, 8, 16, 32), "BK": (128, 256, 512, 1024), "warps": (
 # reduction step over F)
 EXPERT_TILES = ({"BLOCK_F": (16, 32, 64), "BLOCK_K": (64, 128, 256, 512)},
                 {"BLOCK_L": (2, 4, 8, 16, 32), "BLOCK_KD": (128, 256, 512, 1024)})
+# the one-token products the torch form still runs on cuBLAS (above VEC_MAX_ELEMENTS, or not linear_vec's case),
+# timed on linear_vec too: whether the cap should move
+LARGE_TILES = {"BN": (8, 16, 32), "BK": (512, 1024), "warps": (4, 8)}
 QUICK_LINEAR = {"BN": (4, 16), "BK": (512,), "warps": (4,)}
 QUICK_EXPERTS = ({"BLOCK_F": (32,), "BLOCK_K": (128,)}, {"BLOCK_L": (8, 16), "BLOCK_KD": (128,)})
 
 
-def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict]]:
-    """One decoded token after a 32-token prefill, with kernels.linear_vec and kernels.decode_experts wrapped:
-    each distinct call kept once (its arguments cloned) with how many times the token made it."""
+def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list[dict]]:
+    """One decoded token after a 32-token prefill, with kernels.linear_vec, kernels.decode_experts and the torch
+    form's product (model.linear: the products above VEC_MAX_ELEMENTS, on cuBLAS) wrapped: each distinct call
+    kept once (its arguments cloned) with how many times the token made it."""
+    import engines.sparkinfer.model as mod
+
     lin: dict[tuple, dict] = {}
     exp: dict[tuple, dict] = {}
-    orig_lin, orig_exp = kernels.linear_vec, kernels.decode_experts
+    big: dict[tuple, dict] = {}
+    orig_lin, orig_exp, orig_big = kernels.linear_vec, kernels.decode_experts, mod.linear
+
+    def rec_big(x, m):
+        w = m.w
+        if x.reshape(-1, x.shape[-1]).shape[0] == 1 and w.dim() == 2 and w.dtype in (torch.float16, torch.bfloat16):
+            key = (tuple(w.shape), w.data_ptr())
+            if key not in big:
+                big[key] = {"x": x.detach().reshape(1, -1).float().clone(), "w": w, "norm": None, "eps": 0.0,
+                            "add": None, "count": 0}
+            big[key]["count"] += 1
+        return orig_big(x, m)
 
     def rec_lin(x, w, norm=None, eps=0.0, add=None):
         key = (tuple(w.shape), w.data_ptr(), norm is not None, add is not None)
@@ -66,18 +83,18 @@ def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict]]:
         exp[key]["count"] += 1
         return orig_exp(xin, sel, wts, w_in, w_down, beta, linear_beta)
 
-    kernels.linear_vec, kernels.decode_experts = rec_lin, rec_exp
+    kernels.linear_vec, kernels.decode_experts, mod.linear = rec_lin, rec_exp, rec_big
     try:
         dev = model.device
         ids = torch.randint(0, model.cfg.n_vocab, (32,), generator=torch.Generator().manual_seed(3)).to(dev)
         cache = model.new_cache(64)
         first = model.forward(ids, cache, torch.tensor([31], device=dev))
-        lin.clear()
-        exp.clear()  # the prefill's calls (if any) are not one token's
+        for d in (lin, exp, big):
+            d.clear()  # the prefill's calls are not one token's
         model.forward(first.argmax(-1), cache, torch.zeros(1, dtype=torch.long, device=dev))
     finally:
-        kernels.linear_vec, kernels.decode_experts = orig_lin, orig_exp
-    return list(lin.values()), list(exp.values())
+        kernels.linear_vec, kernels.decode_experts, mod.linear = orig_lin, orig_exp, orig_big
+    return list(lin.values()), list(exp.values()), list(big.values())
 
 
 def device_us(fn: Callable[[], Any], cuda: bool, launches: int, replays: int) -> float:
@@ -231,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"target": args.target, "kernels": prep.identity.extra.get("kernels"),
                           "error": "the engine chose the torch form: nothing to sweep"}))
         return 1
-    lin_calls, exp_calls = record_calls(model, kernels)
-    lt, et = (QUICK_LINEAR, QUICK_EXPERTS) if args.quick else (LINEAR_TILES, EXPERT_TILES)
+    lin_calls, exp_calls, big_calls = record_calls(model, kernels)
+    lt, et, bt = (QUICK_LINEAR, QUICK_EXPERTS, QUICK_LINEAR) if args.quick else (LINEAR_TILES, EXPERT_TILES,
+                                                                                LARGE_TILES)
     if args.quick:
-        lin_calls, exp_calls = lin_calls[:2], exp_calls[:1]
+        lin_calls, exp_calls, big_calls = lin_calls[:2], exp_calls[:1], big_calls[:1]
     launches, replays = (2, 1) if not cuda else (args.graph_launches, args.replays)
     res: dict[str, Any] = {"target": args.target, "gpu": torch.cuda.get_device_name() if cuda else "none",
                            "torch": torch.__version__, "triton": kernels.triton.__version__,
@@ -252,12 +270,21 @@ def main(argv: list[str] | None = None) -> int:
         r = res["experts"][-1]
         print(f"[{time.perf_counter() - t_start:6.1f} s] experts {i + 1}/{len(exp_calls)} x{r['count']}: "
               f"now {r['current']['us']} us, best {r['best'] and r['best']['us']} us", flush=True)
+    res["large"] = []
+    for i, c in enumerate(big_calls):
+        res["large"].append(sweep_linear(kernels, c, bt, cuda, launches, replays))
+        r = res["large"][-1]
+        print(f"[{time.perf_counter() - t_start:6.1f} s] cuBLAS product {i + 1}/{len(big_calls)} {r['shape']} x{r['count']}: "
+              f"torch {r['torch_f16_us']} us, linear_vec best {r['best'] and r['best']['us']} us", flush=True)
+    res["large_per_token_us"] = {"torch": round(sum(r["torch_f16_us"] * r["count"] for r in res["large"]), 1),
+                                 "linear_vec_best": round(sum((r["best"] or r["current"])["us"] * r["count"]
+                                                              for r in res["large"]), 1)}
     now = sum(r["current"]["us"] * r["count"] for r in res["linear"] + res["experts"])
     best = sum((r["best"] or r["current"])["us"] * r["count"] for r in res["linear"] + res["experts"])
     res["per_token_us"] = {"current": round(now, 1), "best_tiles": round(best, 1), "saved": round(now - best, 1),
                            "calls": sum(r["count"] for r in res["linear"] + res["experts"])}
     res["script_s"] = round(time.perf_counter() - t_start, 1)
-    print(json.dumps({k: v for k, v in res.items() if k not in ("linear", "experts")}, indent=1))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("linear", "experts", "large")}, indent=1))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
     engine.close(prep)
