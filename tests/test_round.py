@@ -99,7 +99,7 @@ def test_a_a_round_is_never_a_tier(lock, tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     if not head:
         pytest.skip("not a git checkout")
-    out = run_round(_opts(lock, tmp_path, candidate=head, seed=5, blocks=3))
+    out = run_round(_opts(lock, tmp_path, candidate=head, seed=5, blocks=4))
     r = out.receipt
     assert r["status"] == "verdict", r.get("aborted")
     assert r["main"] is not None and "main" in r["speed"]["metrics"][0]["arms"]
