@@ -17,3 +17,12 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def sigint_default() -> None:
+    """preexec_fn for a child the test interrupts: SIGINT back to its default. A suite started in the background
+    by a non-interactive shell inherits SIGINT ignored, and a Python started so never raises KeyboardInterrupt;
+    a user's Ctrl-C at a terminal reaches a process whose SIGINT is the default, and that is what is tested."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

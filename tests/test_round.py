@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import sigint_default
 
 from scoreboard.errors import LockError
 
@@ -152,7 +153,7 @@ def test_interrupt_leaves_no_receipt_and_an_untouched_lock(lock, tmp_path):
     rounds = tmp_path / "rounds"
     proc = subprocess.Popen([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--lock", str(lock),
                              "--rounds", str(rounds), "--blocks", "6"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=sigint_default)
     deadline = time.time() + 120
     seen = ""
     while time.time() < deadline and "== speed" not in seen:  # interrupt once timing has started

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import sigint_default
 from calibration_fixtures import seed_calibration
 
 from sandbox_fixtures import TARGET, commit_files, git, hostile_files, make_repo, processes_naming, small_lock
@@ -221,7 +222,7 @@ def test_ctrl_c_during_a_launch_leaves_no_scratch_and_no_process(probe_root, tmp
                    LogitsOp(requests=(LogitsRows.of([1], [0]),)), 600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     assert proc.stdout.readline().strip() == "start"
     deadline = time.time() + 60
     while time.time() < deadline and not processes_naming("scoreboard.worker " + str(base)):
