@@ -257,25 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"target": args.target, "gpu": torch.cuda.get_device_name() if cuda else "none",
                            "torch": torch.__version__, "triton": kernels.triton.__version__,
                            "kernels": prep.identity.extra.get("kernels"), "graph_launches": launches, "replays": replays}
-    res["linear"] = []
-    for i, c in enumerate(lin_calls):
-        res["linear"].append(sweep_linear(kernels, c, lt, cuda, launches, replays))
-        r = res["linear"][-1]
-        print(f"[{time.perf_counter() - t_start:6.1f} s] product {i + 1}/{len(lin_calls)} {r['shape']} x{r['count']}: "
-              f"now {r['current']['us']} us, best {r['best'] and r['best']['us']} us, torch {r['torch_f16_us']} us",
-              flush=True)
-    res["experts"] = []
-    for i, c in enumerate(exp_calls):
-        res["experts"].append(sweep_experts(kernels, c, et, cuda, launches, replays))
-        r = res["experts"][-1]
-        print(f"[{time.perf_counter() - t_start:6.1f} s] experts {i + 1}/{len(exp_calls)} x{r['count']}: "
-              f"now {r['current']['us']} us, best {r['best'] and r['best']['us']} us", flush=True)
-    res["large"] = []
-    for i, c in enumerate(big_calls):
-        res["large"].append(sweep_linear(kernels, c, bt, cuda, launches, replays))
-        r = res["large"][-1]
-        print(f"[{time.perf_counter() - t_start:6.1f} s] cuBLAS product {i + 1}/{len(big_calls)} {r['shape']} x{r['count']}: "
-              f"torch {r['torch_f16_us']} us, linear_vec best {r['best'] and r['best']['us']} us", flush=True)
+    for key, calls, sweep, tiles in (("linear", lin_calls, sweep_linear, lt), ("experts", exp_calls, sweep_experts, et),
+                                     ("large", big_calls, sweep_linear, bt)):
+        res[key] = []
+        for i, c in enumerate(calls):
+            r = sweep(kernels, c, tiles, cuda, launches, replays)
+            res[key].append(r)
+            print(f"[{time.perf_counter() - t_start:6.1f} s] {key} {i + 1}/{len(calls)} {r.get('shape', r.get('gate_up'))} "
+                  f"x{r['count']}: now {r['current']['us']} us, best {r['best'] and r['best']['us']} us, "
+                  f"torch {r.get('torch_f16_us', '-')} us", flush=True)
     res["large_per_token_us"] = {"torch": round(sum(r["torch_f16_us"] * r["count"] for r in res["large"]), 1),
                                  "linear_vec_best": round(sum((r["best"] or r["current"])["us"] * r["count"]
                                                               for r in res["large"]), 1)}
