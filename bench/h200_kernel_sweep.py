@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     cuda = args.device == "cuda"
     lock = load_lock(Path("reference.lock"))
-    t = lock.targets[args.target]
+    t = lock.target(args.target)  # an unknown target: an input error naming the lock's targets
     shards = ensure_generated(lock, t.weights)
     opts = {k: v for k, v in (t.candidate_options or {}).items() if cuda or k != "cuda_graph"}
     if not cuda:
@@ -282,4 +282,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from scoreboard.errors import InputError
+
+    try:
+        raise SystemExit(main())
+    except InputError as exc:
+        print(f"error: {exc.message}\nnext: {exc.hint}")
+        raise SystemExit(1) from None

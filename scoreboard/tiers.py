@@ -35,7 +35,7 @@ from .errors import InputError
 from .gate import bar_reasons
 from .history.receipt import Arm as ArmRec
 from .history.receipt import (VERDICT_BASES, VERDICT_LABELS, GateRec, Receipt, SpeedMetric, SpeedRec, Verdict,
-                              receipt_target, refuse_unknown_format, validation_messages)
+                              distinct_outputs, receipt_target, refuse_unknown_format, validation_messages)
 from .lockfile import GatePolicy, Lock, Metric, Target, TierPolicy
 from .stats import ArmStats, RatioCI, arm_stats, block_value, ci_vs_constant, geometric_mean, paired_ratio_ci, \
     suggest_blocks
@@ -176,10 +176,11 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
 
 def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, guards: Sequence[Evidence],
            policy: TierPolicy, *, claim: bool = False, notes: Sequence[str] = (),
-           guards_convict: bool = True, flags: Sequence[str] = ()) -> Verdict:
+           guards_convict: bool = True, flags: Sequence[str] = (), unsound: Sequence[str] = ()) -> Verdict:
     """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs.
 
-    `flags`: why metrics are not scored (zero-variance samples). Any flag makes the speed label
+    `flags`: why metrics are not scored (zero-variance samples); `unsound`: why a metric's comparison arm is no
+    sound basis (its outputs failed the reference, or its reps beat the ceiling). Any of either makes the speed label
     inconclusive (a BASELINE too: a flagged number never becomes a basis); a guard failure among the
     guards passed in (the caller leaves flagged guards out) still REJECTs."""
     if not gate_ok:
@@ -191,10 +192,11 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     if scored is None:
         raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
     speed_label, speed_reasons = _speed(scored, policy)
-    if flags:
+    not_scored = [*flags, *unsound]
+    if not_scored:
         speed_label = "inconclusive"
-        speed_reasons = [f"not scored: {f}" for f in flags] + [f"(unflagged, the speed would read: {r})"
-                                                              for r in speed_reasons]
+        speed_reasons = [f"not scored: {f}" for f in not_scored] + [f"(unflagged, the speed would read: {r})"
+                                                                   for r in speed_reasons]
     fails, guard_notes = _guard_failures(guards, policy)
     if fails and not guards_convict:
         # main against its own pinned frontier: a regression on main or a slower box. Flag it; never
@@ -207,8 +209,8 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     return Verdict(label=label, gain=scored.gain, gain_ci=scored.gain_ci, basis=scored.basis,
                    frontier=scored.frontier if scored.basis != "none" else None, value=scored.value,
                    speed_label=speed_label, reasons=list(reasons),
-                   explanation=_explain(label, speed_label, scored, policy, fails, claim, flags), claim=claim,
-                   flags=list(flags))
+                   explanation=_explain(label, speed_label, scored, policy, fails, claim, flags, unsound), claim=claim,
+                   flags=not_scored)
 
 
 # One estimator, one name, wherever a number is shown (round show, tier, the report, the explanation):
@@ -222,8 +224,8 @@ _BASIS_WORDS = {"main-same-round": "main measured in the same round on the same 
 
 
 def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool,
-             flags: Sequence[str] = ()) -> str:
-    flagged = bool(flags)
+             zero: Sequence[str] = (), unsound: Sequence[str] = ()) -> str:
+    flagged = bool(zero or unsound)
     kind = "claimed, not measured: " if claim else ""
     head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
     if not claim and ev.basis != "none":
@@ -252,13 +254,12 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
                      f"{min(policy.buckets.values()) * 100:.2f}%." if policy.buckets else " No buckets are set.")
         else:
             body += f" That reaches tier {speed_label} (threshold {policy.buckets[speed_label] * 100:.2f}%)."
-    no_basis = [f for f in flags if "no sound basis" in f]
-    if len(no_basis) < len(flags):
+    if zero:
         body += (" Some samples have zero variance (reps identical to the nanosecond, or identical block "
                  "values), which no real clock produces: those metrics are flagged and not scored, so the "
                  "verdict is inconclusive.")
-    if no_basis:
-        body += (f" The arm it is compared with is no sound basis ({'; '.join(no_basis[:2])}): that metric is not "
+    if unsound:
+        body += (f" The arm it is compared with is no sound basis ({'; '.join(unsound[:2])}): that metric is not "
                  "scored, so the verdict is inconclusive. The candidate is not at fault; run the round again, and "
                  "if it repeats, see docs/receipt-format.md (verdict.flags).")
     if fails:
@@ -445,11 +446,8 @@ def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> tuple[l
 
 def _varied_outputs(arm: ArmRec) -> str:
     """`variant 1: 2 outputs` for every variant whose timed reps gave more than one output ('' if none)."""
-    seen: dict[int, set[tuple[int, ...]]] = {}
-    for b in arm.blocks:
-        for v, ids in zip(b.variants or [], b.token_ids or []):
-            seen.setdefault(v, set()).add(tuple(ids))
-    return ", ".join(f"variant {v}: {len(o)} outputs" for v, o in sorted(seen.items()) if len(o) > 1)
+    return ", ".join(f"variant {v}: {len(o)} outputs" for v, o in sorted(distinct_outputs(arm.blocks).items())
+                     if len(o) > 1)
 
 
 def verdict_from_receipt(receipt: Receipt | Mapping[str, Any], target: Target | None = None) -> Verdict:
@@ -476,6 +474,7 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
     notes = [f"gate passed but flagged: KL mean above kl_prefer {target.gate.kl_prefer:g}"] if flagged else []
     correctness: list[str] = []
     flags: list[str] = []
+    unsound: list[str] = []
     evs: dict[str, list[Evidence]] = {"scored": [], "guard": []}
     for m in target.metrics:
         i, entry = _find_metric(s.speed, m)
@@ -486,7 +485,8 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
         cand_problems, no_basis, out_notes = _timed_output_problems(s, entry, m)
         correctness += cand_problems
         notes += out_notes
-        zero = zero_variance(entry.arms, metric_name(m)) + no_basis
+        zero = zero_variance(entry.arms, metric_name(m))
+        unsound += no_basis
         # the same-round basis: a PR's main, a main round's re-measured frontier commit
         paired = "main" if not s.is_main else "frontier"
         main_blocks, ev_notes = None, []
@@ -509,13 +509,13 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
         except ValueError as exc:
             raise InputError(f"receipt {path}: {exc}") from None
         flags += zero
-        if zero and m.role == "guard":
-            continue  # a flagged guard is not judged (its numbers are no measurement)
+        if (zero or no_basis) and m.role == "guard":
+            continue  # a flagged guard is not judged (its numbers, or its basis, are no measurement)
         evs[m.role].append(ev)
     if correctness:
         return decide(False, correctness, None, (), target.tiers)
     return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes,
-                  guards_convict=not s.is_main, flags=flags)
+                  guards_convict=not s.is_main, flags=flags, unsound=unsound)
 
 
 def zero_variance(arms: Mapping[str, ArmRec], name: str) -> list[str]:

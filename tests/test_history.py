@@ -369,3 +369,23 @@ def test_a_comparison_arms_fault_is_no_sound_basis_never_the_candidates_reject()
     v = verdict_from_receipt(r)
     assert v.label == "L" and not v.flags
     assert any("outputs varied across blocks (variant 0: 2 outputs)" in x for x in v.reasons), v.reasons
+
+
+def test_an_unsound_main_arm_on_a_guard_never_lets_a_regressing_pr_earn_a_tier():
+    """The attack: a PR whose prefill regressed 30% (the guard would REJECT it) and a main arm whose prefill
+    outputs failed their check. The unjudged guard must not leave the scored gain free to earn a tier: any
+    metric without a sound basis makes the verdict inconclusive."""
+    r = frontier_arm(make_receipt(is_main=True, candidate_tps=60.0, guard_tps=600.0, blocks=6),
+                     {"decode": 50.0, "prefill": 900.0})
+    r["candidate"]["is_main"] = False  # judged as a PR: guards convict
+    r["candidate"]["label"] = "pr-9"
+    for m in r["speed"]["metrics"]:
+        m["arms"]["main"] = m["arms"].pop("frontier")
+    r["main"] = dict(r["candidate"], label="main", is_main=True)
+    assert verdict_from_receipt(r).label == "REJECT"  # honest main arm: the guard convicts
+    pre = next(m for m in r["speed"]["metrics"] if m["phase"] == "prefill")
+    pre["arms"]["main"]["output_check"] = {"ok": False, "reasons": ["variant 0: the timed output fails the "
+                                                                    "reference check"], "notes": []}
+    v = verdict_from_receipt(r)
+    assert v.label == "inconclusive" and v.label not in ("XS", "S", "M", "L", "XL"), v
+    assert any("no sound basis" in f for f in v.flags)

@@ -113,9 +113,8 @@ def show_cmd(
     lk.target(target)  # an unknown target is an input error naming the lock's targets
     found = latest_calibration(rounds, target)
     if found is None:
-        err_console.print(f"[bold red]error[/]: target {target!r} has no calibration in {rounds}/calibrations.jsonl")
-        err_console.print(f"  next: scoreboard gate calibrate {target}")
-        raise typer.Exit(1)
+        raise InputError(f"target {target!r} has no calibration in {rounds}/calibrations.jsonl",
+                         f"scoreboard gate calibrate {target}")
     rec, _line = found
     if json_out:
         print_json(rec)

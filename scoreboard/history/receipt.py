@@ -545,6 +545,17 @@ def rep_throughputs(block: Block) -> list[float]:
     return [n / (ns / 1e9) for ns, n in zip(block.samples_ns, block.n_tokens)]
 
 
+def distinct_outputs(blocks: list[Block]) -> dict[int, list[tuple[int, ...]]]:
+    """variant -> the different outputs an arm's timed reps of it produced, in the order first seen."""
+    seen: dict[int, list[tuple[int, ...]]] = {}
+    for b in blocks:
+        for v, ids in zip(b.variants or [], b.token_ids or []):
+            outs = seen.setdefault(v, [])
+            if tuple(ids) not in outs:
+                outs.append(tuple(ids))
+    return seen
+
+
 def arm_value(metric: SpeedMetric, arm: str) -> float:
     """The arm's value (tok/s): geometric mean over blocks of the per-block median rep throughput —
     the same estimator the verdict uses (scoreboard.stats.arm_stats().value)."""

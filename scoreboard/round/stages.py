@@ -21,7 +21,7 @@ from ..gate import GateResult, gate_positions, grade_depth, top1_ok
 from ..history.held import History
 from ..history.receipt import Arm as ArmRec
 from ..history.receipt import (Block, FitRec, FrontierArmRec, GateRec, HandshakeRec, OutputCheck, ReferenceSide,
-                               SpeedMetric, SpeedRec, WeightsRec, validation_messages)
+                               SpeedMetric, SpeedRec, WeightsRec, distinct_outputs, validation_messages)
 from .arms import Arm, reference_arm
 from .candidate import CandidateSource
 from .clock import SessionPlan, run_session
@@ -461,12 +461,7 @@ class SpeedStage:
         """A same-round arm's timed outputs, each distinct one graded against the reference. Outputs that vary
         across blocks while each passes are a note (that commit is not deterministic on this box: it still
         did the workload correctly every time); any output that fails the reference fails the check."""
-        seen: dict[int, list[tuple[int, ...]]] = {}
-        for b in blocks:
-            for v, ids in zip(b.variants or [], b.token_ids or []):
-                outs = seen.setdefault(v, [])
-                if tuple(ids) not in outs:
-                    outs.append(tuple(ids))
+        seen = distinct_outputs(blocks)
         notes = [f"variant {v} gave {len(outs)} different outputs across blocks"
                  for v, outs in sorted(seen.items()) if len(outs) > 1]
         reasons = []
