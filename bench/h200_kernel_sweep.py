@@ -139,7 +139,7 @@ def sweep_linear(kernels: Any, call: dict, tiles: dict, cuda: bool, launches: in
     av = None if add is None else add.reshape(-1).float().contiguous()
     want = kernels.linear_vec(x, w, norm, eps, add)
     gbytes = w.numel() * w.element_size() / 1e9
-    cur_bn, cur_bk = kernels.vec_blocks(n, k)
+    cur_bn, cur_bk, cur_warps = kernels.vec_blocks(n, k)
 
     def at(bn: int, bk: int, warps: int) -> Callable[[], torch.Tensor]:
         out = torch.empty(1, n, dtype=torch.float32, device=x.device)
@@ -162,13 +162,13 @@ def sweep_linear(kernels: Any, call: dict, tiles: dict, cuda: bool, launches: in
             continue
         rows.append({"BN": bn, "BK": bk, "warps": warps, "us": round(us, 3), "gbs": round(gbytes / (us * 1e-6), 1),
                      "max_rel_diff": err})
-    cur = device_us(at(cur_bn, cur_bk, 4), cuda, launches, replays)
+    cur = device_us(at(cur_bn, cur_bk, cur_warps), cuda, launches, replays)
     xh = xv.to(w.dtype).reshape(1, -1)
     torch_us = device_us(lambda: torch.nn.functional.linear(xh, w), cuda, launches, replays)
     ok = [r for r in rows if "us" in r]
     best = min(ok, key=lambda r: r["us"]) if ok else None
     return {"shape": [n, k], "dtype": str(w.dtype).removeprefix("torch."), "norm": nv is not None, "add": av is not None,
-            "count": call["count"], "current": {"BN": cur_bn, "BK": cur_bk, "warps": 4, "us": round(cur, 3),
+            "count": call["count"], "current": {"BN": cur_bn, "BK": cur_bk, "warps": cur_warps, "us": round(cur, 3),
                                                 "gbs": round(gbytes / (cur * 1e-6), 1)},
             "best": best, "torch_f16_us": round(torch_us, 3), "tiles": rows}
 

@@ -48,11 +48,11 @@ def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int
     lv = {"x_ptr": P, "w_ptr": H, "out_ptr": P, "norm_ptr": P, "add_ptr": P, "N": "i32", "K": "i32", "eps": "fp32",
           "HAS_NORM": "constexpr", "HAS_ADD": "constexpr", "BN": "constexpr", "BK": "constexpr"}
     for norm, add in ((False, False), (True, False), (False, True), (True, True)):
-        for bn in (4, 8, 16):  # every row block K.vec_blocks picks, at its widest reduction step
-            out.append((f"linear_vec norm={norm} add={add} bn={bn}", K._linear_vec, lv,
-                        {"BN": bn, "BK": 512, "HAS_NORM": norm, "HAS_ADD": add}, 4))
+        for bn, warps in ((2, 8), (4, 8), (4, 4), (8, 4)):  # the tiles K.vec_blocks picks, at its widest step
+            out.append((f"linear_vec norm={norm} add={add} bn={bn} warps={warps}", K._linear_vec, lv,
+                        {"BN": bn, "BK": 1024, "HAS_NORM": norm, "HAS_ADD": add}, warps))
     out.append(("linear_vec f32 router", K._linear_vec, {**lv, "w_ptr": P},
-                {"BN": 4, "BK": 512, "HAS_NORM": True, "HAS_ADD": False}, 4))
+                {"BN": 2, "BK": 1024, "HAS_NORM": True, "HAS_ADD": False}, 8))
     out.append(("experts_in_situ", K._experts_in_situ,
                 {"x_ptr": P, "w_ptr": H, "sel_ptr": I64, "out_ptr": P, "inv_beta": "fp32", "inv_lb": "fp32",
                  "beta_lb": "fp32", "F": "constexpr", "LAT": "constexpr", "LINEAR_UP": "constexpr", "BF": "constexpr",

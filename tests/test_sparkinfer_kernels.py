@@ -296,7 +296,7 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
     on the GPU: the interpreter runs one program at a time, so fewer, wider programs keep this test short.)"""
     for name, width in (("BLOCK_F", 128), ("BLOCK_L", 64)):
         monkeypatch.setattr(kernels, name, width)
-    monkeypatch.setattr(kernels, "vec_blocks", lambda n, k: (128, 512))
+    monkeypatch.setattr(kernels, "vec_blocks", lambda n, k: (128, 512, 4))
     cfg, w = mini
     torch.manual_seed(0)
     ids = torch.randint(0, 510, (40,), generator=torch.Generator().manual_seed(5))

@@ -69,8 +69,12 @@ import triton.language as tl  # noqa: E402
 
 Tensor = torch.Tensor
 
-BLOCK_F = 32  # output columns of a per program in experts_in_situ (each reads 2 x BLOCK_F weight rows)
-BLOCK_L = 8  # output rows per program in experts_down_sum (k3-gpu's latent 1024: 128 programs)
+# The routed experts' tiles, from bench/h200_kernel_sweep.py on one H200 (2026-12-02,
+# bench/results-h200-2026-12-02-session6): both launches of one MoE layer's token took 50 us on k3-gpu and 502 us
+# on k3-wide at (32, 128, 8, 128); at these tiles 22 us and 257 us (4.1 TB/s), the output within 4e-7 relative
+# (the f32 sums' order only). Fewer rows per program with a wide F step puts more bytes in flight per program.
+BLOCK_F = 16  # output columns of a per program in experts_in_situ (each reads 2 x BLOCK_F weight rows)
+BLOCK_L = 2  # output rows per program in experts_down_sum (k3-gpu's latent 1024: 512 programs)
 BLOCK_SITU = 1024  # columns per program in situ_vec
 MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
 MLA_BT = 16  # rows per step inside one
@@ -80,11 +84,10 @@ SCAN_BV = 16  # value columns per chunk_scan program
 # kda_step 255 registers + 72 B stack at 8 warps (104 B at 16), chunk_scan 172 and no stack at 8 warps with 16
 # value columns (255 + 264 B at 4 warps with 32), mla_combine no stack at 8 warps up to 64 splits
 WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_combine": 8}
-BLOCK_K = 128  # reduction step (f16 weights: 256 bytes per row per step)
+BLOCK_K = 512  # experts_in_situ's reduction step over the latent (f16 weights: 1 KB per row per step)
 # experts_down_sum's reduction step over F. Its bytes in flight are LAT x BLOCK_KD x 2 per pipeline stage whatever
-# BLOCK_L is (k3-gpu: 1024 x 128 x 2 = 256 KB, where an H200 wants a few MB): a separate knob for
-# bench/h200_kernel_sweep.py to measure before a step changes it
-BLOCK_KD = 128
+# BLOCK_L is: at 128 that was 256 KB on k3-gpu, where an H200 wants a few MB; at 1024, 2 MB
+BLOCK_KD = 1024
 
 
 @triton.jit
@@ -195,18 +198,29 @@ def linear_vec(x: Tensor, w: Tensor, norm: Tensor | None = None, eps: float = 0.
     out = torch.empty(1, n, dtype=torch.float32, device=x.device)
     nv = out if norm is None else norm.reshape(-1).float().contiguous()  # a placeholder pointer when unused
     av = out if add is None else add.reshape(-1).float().contiguous()
-    bn, bk = vec_blocks(n, k)
+    bn, bk, warps = vec_blocks(n, k)
     _linear_vec[(triton.cdiv(n, bn),)](xv.contiguous(), w, out, nv, av, n, k, eps, HAS_NORM=norm is not None,
-                                       HAS_ADD=add is not None, BN=bn, BK=bk)
+                                       HAS_ADD=add is not None, BN=bn, BK=bk, num_warps=warps)
     return out
 
 
-def vec_blocks(n: int, k: int) -> tuple[int, int]:
-    """linear_vec's (rows, reduction step) per program. A mat-vec is bound by the bytes in flight: each program
-    streams a [BN, BK] tile per step, so BK is wide (512 f16 = 1 KB per row) and BN as large as still leaves
-    two programs per multiprocessor (132 on an H200)."""
-    bn = next((b for b in (16, 8) if n >= b * 2 * 132), 4)
-    return bn, min(512, max(16, triton.next_power_of_2(k)))
+def vec_blocks(n: int, k: int) -> tuple[int, int, int]:
+    """linear_vec's (rows, reduction step, warps) per program. A mat-vec is bound by the bytes in flight: each
+    program streams a [BN, BK] tile per step. Chosen from bench/h200_kernel_sweep.py on one H200 (2026-12-02,
+    bench/results-h200-2026-12-02-session6), one token's products summed: k3-gpu 236.7 -> 220.5 us, k3-wide
+    87.4 -> 76.2 us, against (16 or 8 or 4 rows, 512, 4 warps) before:
+    - BK: the widest power of two up to 1024 that divides K (a partial last step costs a whole one: K = 1536
+      at 1024 was slower than at 512);
+    - BN: 8 rows where that still gives two programs per multiprocessor (132 on an H200), else 4, and 2 for
+      the narrowest products (the router's 64 rows: 3.9 -> 2.6 us);
+    - 8 warps where there are few programs and a long reduction (K >= 1024), else 4."""
+    many = n >= 8 * 2 * 132
+    bn = 8 if many else (4 if n >= 1024 else 2)
+    bk = 1024
+    while bk > 16 and k % bk:
+        bk //= 2
+    bk = max(16, min(bk, triton.next_power_of_2(k)))
+    return bn, bk, 4 if many or k < 1024 else 8
 
 
 @triton.jit
