@@ -765,10 +765,12 @@ class K3Model:
         return per_slot.view(t, k, -1).sum(1)
 
 
-# matrices up to this many elements go through kernels.linear_vec for one token (64 MB at f16). The kernel
-# saves two of the torch form's three launches (~3 us each) on any size; past this size the matrix's own read
-# time (15 us at 4.3 TB/s) dwarfs them, and cuBLAS's tuned mat-vec is kept for the large products.
-VEC_MAX_ELEMENTS = 32 << 20
+# matrices up to this many elements go through kernels.linear_vec for one token: every plain product the models
+# have. The kernel saves two of the torch form's three launches (~3 us each), and on the H200 it also streamed
+# faster than cuBLAS's f16 mat-vec on each of k3-wide's 12 products above the old cap of 32 M elements (44 to
+# 484 M): 1,020.6 -> 956.0 us per token at 8 rows x a 1024 step (bench/h200_kernel_sweep.py, 2026-12-02,
+# bench/results-h200-2026-12-02-session6). No product of these models reaches the bound (the largest: 484 M).
+VEC_MAX_ELEMENTS = 1 << 31
 KERNEL_CHECK_TOL = 1e-2  # enable_kernels: f16 rounding of the torch form is ~1e-3 relative
 
 
