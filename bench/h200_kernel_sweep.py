@@ -8,6 +8,9 @@ bytes in flight (rows per program x reduction step x programs). This measures, p
 - `_linear_vec` at rows per program BN x reduction step BK x warps, and F.linear on the f16 activation;
 - `decode_experts`, one launch's tiles at a time: gate|up columns per program BLOCK_F x latent step BLOCK_K, then
   down rows per program BLOCK_L x F step BLOCK_KD, and both launches at their best together;
+- the token's other kernels (`mla_decode` at the scored depth's span, `kda_step`, `res_mix`, `route`, `situ_vec`)
+  at their current constants, `mla_decode` over its split (MLA_ROWS x MLA_BT x the combine's warps), `kda_step`
+  over its warps and `res_mix` over its columns per program: what the products and experts leave of the token;
 each as the device time of one launch inside a CUDA graph of `--graph-launches` launches (replayed, timed with
 CUDA events: no launch or Python cost), its achieved GB/s over the weight bytes it reads, and its output's
 largest relative difference from the current tiles' output (a tile changes the f32 summation order only).
@@ -33,17 +36,40 @@ from scoreboard.engine import EngineTarget, Geometry
 from scoreboard.lockfile import load_lock
 from scoreboard.weights.verify import ensure_generated
 
-LINEAR_TILES = {"BN": (2, 4, 8, 16, 32), "BK": (128, 256, 512, 1024), "warps": (2, 4, 8)}
+# each range reaches past the tiles the engine took from the sweep of 2026-12-02, which sat at its edges
+LINEAR_TILES = {"BN": (2, 4, 8, 16, 32), "BK": (128, 256, 512, 1024, 2048), "warps": (2, 4, 8)}
 # the routed experts' two launches, swept one at a time (the other at its current tiles): gate|up + situ over
 # (columns per program, reduction step over the latent), then down + the weighted sum over (rows per program,
 # reduction step over F)
-EXPERT_TILES = ({"BLOCK_F": (16, 32, 64), "BLOCK_K": (64, 128, 256, 512)},
-                {"BLOCK_L": (2, 4, 8, 16, 32), "BLOCK_KD": (128, 256, 512, 1024)})
+EXPERT_TILES = ({"BLOCK_F": (4, 8, 16, 32), "BLOCK_K": (256, 512, 1024, 2048)},
+                {"BLOCK_L": (1, 2, 4, 8), "BLOCK_KD": (512, 1024, 2048)})
 # the one-token products the torch form still runs on cuBLAS (above VEC_MAX_ELEMENTS, or not linear_vec's case),
 # timed on linear_vec too: whether the cap should move
 LARGE_TILES = {"BN": (8, 16, 32), "BK": (512, 1024), "warps": (4, 8)}
+# the other one-token kernels, each over the module constants its launches read (a WARPS entry as "WARPS.name")
+OTHER_TILES: dict[str, dict[str, tuple[int, ...]]] = {
+    "mla_decode": {"MLA_ROWS": (32, 64, 128, 256), "MLA_BT": (16, 32, 64), "WARPS.mla_combine": (4, 8)},
+    "kda_step": {"WARPS.kda_step": (4, 8, 16)}, "res_mix": {"RES_MIX_COLS": (0, 128, 256, 512)}, "route": {},
+    "situ_vec": {}}
+QUICK_OTHER: dict[str, dict[str, tuple[int, ...]]] = {
+    "mla_decode": {"MLA_ROWS": (128,), "MLA_BT": (16,), "WARPS.mla_combine": (8,)},
+    "kda_step": {"WARPS.kda_step": (8,)}, "res_mix": {"RES_MIX_COLS": (0, 256)}, "route": {}, "situ_vec": {}}
+# tiles a kernel cannot take: a step of more rows than a split has would read the next split's rows too
+OTHER_VALID = {"mla_decode": lambda t: t["MLA_BT"] <= t["MLA_ROWS"]}
+DEPTH = 1100  # mla_decode's row, and a span of 2048: where the round's decode at depth 1024 attends
 QUICK_LINEAR = {"BN": (4, 16), "BK": (512,), "warps": (4,)}
 QUICK_EXPERTS = ({"BLOCK_F": (32,), "BLOCK_K": (128,)}, {"BLOCK_L": (8, 16), "BLOCK_KD": (128,)})
+
+
+def one_token(model: Any, forget: Callable[[], Any]) -> None:
+    """A 32-token prefill, then `forget` (what was recorded so far is the prefill's, not one token's), then one
+    decoded token."""
+    dev = model.device
+    ids = torch.randint(0, model.cfg.n_vocab, (32,), generator=torch.Generator().manual_seed(3)).to(dev)
+    cache = model.new_cache(64)
+    first = model.forward(ids, cache, torch.tensor([31], device=dev))
+    forget()
+    model.forward(first.argmax(-1), cache, torch.zeros(1, dtype=torch.long, device=dev))
 
 
 def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list[dict]]:
@@ -85,13 +111,11 @@ def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list
 
     kernels.linear_vec, kernels.decode_experts, mod.linear = rec_lin, rec_exp, rec_big
     try:
-        dev = model.device
-        ids = torch.randint(0, model.cfg.n_vocab, (32,), generator=torch.Generator().manual_seed(3)).to(dev)
-        cache = model.new_cache(64)
-        first = model.forward(ids, cache, torch.tensor([31], device=dev))
-        for d in (lin, exp, big):
-            d.clear()  # the prefill's calls are not one token's
-        model.forward(first.argmax(-1), cache, torch.zeros(1, dtype=torch.long, device=dev))
+        def forget() -> None:
+            for d in (lin, exp, big):
+                d.clear()
+
+        one_token(model, forget)
     finally:
         kernels.linear_vec, kernels.decode_experts, mod.linear = orig_lin, orig_exp, orig_big
     return list(lin.values()), list(exp.values()), list(big.values())
@@ -173,6 +197,99 @@ def sweep_linear(kernels: Any, call: dict, tiles: dict, cuda: bool, launches: in
             "best": best, "torch_f16_us": round(torch_us, 3), "tiles": rows}
 
 
+def record_others(model: Any, kernels: Any, names: tuple[str, ...], depth: int | None) -> list[dict]:
+    """One decoded token's calls of the kernels.<name> wrappers (each distinct by name and argument shapes, its
+    arguments cloned, with its count). With `depth`, mla_decode's calls attend as the round's decode at that
+    depth does: a random f16 latent cache of `span` rows (the next power of two above depth), the row at `depth`."""
+    found: dict[tuple, dict] = {}
+    orig = {n: getattr(kernels, n) for n in names}
+
+    def wrap(name: str) -> Callable[..., Any]:
+        def rec(*args: Any) -> Any:
+            key = (name, *(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args))
+            if key not in found:
+                found[key] = {"name": name, "args": tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a
+                                                          for a in args), "count": 0}
+            found[key]["count"] += 1
+            return orig[name](*args)
+        return rec
+
+    for n in names:
+        setattr(kernels, n, wrap(n))
+    try:
+        one_token(model, found.clear)
+    finally:
+        for n, f in orig.items():
+            setattr(kernels, n, f)
+    calls = list(found.values())
+    for c in calls:
+        if c["name"] == "mla_decode" and depth:
+            a = list(c["args"])  # q, kv, kv_norm, latent, pos, span, ...
+            span = 1 << depth.bit_length()  # the next power of two above depth: rows 0..depth fit
+            lat = a[3]
+            a[3] = (torch.randn(span, lat.shape[1], generator=torch.Generator().manual_seed(7)) * 0.5).to(lat)
+            a[4] = torch.tensor([depth], dtype=torch.long, device=lat.device)
+            a[5] = span
+            c["args"], c["span"] = tuple(a), span
+    return calls
+
+
+def _set(kernels: Any, name: str, value: Any) -> None:
+    if name.startswith("WARPS."):
+        kernels.WARPS[name.removeprefix("WARPS.")] = value
+    else:
+        setattr(kernels, name, value)
+
+
+def _get(kernels: Any, name: str) -> Any:
+    return kernels.WARPS[name.removeprefix("WARPS.")] if name.startswith("WARPS.") else getattr(kernels, name)
+
+
+def _flat(out: Any) -> torch.Tensor:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return torch.cat([o.float().reshape(-1) for o in outs])
+
+
+def sweep_other(kernels: Any, call: dict, tiles: dict, cuda: bool, launches: int, replays: int) -> dict:
+    """One recorded call of another kernel wrapper, timed at its current constants and at every combination of
+    `tiles` (kernel constants). Its in-place state (KDA's conv and delta states, MLA's cache row) evolves across
+    the timed launches, which changes no launch's work; each output difference is taken from fresh copies."""
+    fn = getattr(kernels, call["name"])
+    work = [a.clone() if isinstance(a, torch.Tensor) else a for a in call["args"]]
+
+    def fresh() -> torch.Tensor:
+        return _flat(fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in call["args"]]))
+
+    def run() -> Any:
+        return fn(*work)
+
+    saved = {n: _get(kernels, n) for n in tiles}
+    want = fresh()
+    rows: list[dict[str, Any]] = []
+    try:
+        cur = device_us(run, cuda, launches, replays)
+        valid = OTHER_VALID.get(call["name"], lambda t: True)
+        for vals in itertools.product(*tiles.values()):
+            row: dict[str, Any] = dict(zip(tiles, vals))
+            if not valid(row):
+                continue
+            for n, v in zip(tiles, vals):
+                _set(kernels, n, v)
+            try:
+                row.update(us=round(device_us(run, cuda, launches, replays), 3), max_rel_diff=rel(fresh(), want))
+            except Exception as exc:  # a tile that does not compile or launch here
+                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(row)
+    finally:
+        for n, v in saved.items():
+            _set(kernels, n, v)
+    ok = [r for r in rows if "us" in r]
+    best = min(ok, key=lambda r: r["us"]) if ok else None
+    shapes = [list(a.shape) for a in call["args"] if isinstance(a, torch.Tensor)][:2]
+    return {"name": call["name"], "shape": shapes, "span": call.get("span"), "count": call["count"],
+            "current": {**saved, "us": round(cur, 3)}, "best": best, "tiles": rows}
+
+
 def sweep_experts(kernels: Any, call: dict, tiles: tuple[dict, ...], cuda: bool, launches: int, replays: int) -> dict:
     xin, sel, wts, w_in, w_down, beta, lb = call["args"]
     k = int(sel.shape[0])
@@ -249,10 +366,14 @@ def main(argv: list[str] | None = None) -> int:
                           "error": "the engine chose the torch form: nothing to sweep"}))
         return 1
     lin_calls, exp_calls, big_calls = record_calls(model, kernels)
-    lt, et, bt = (QUICK_LINEAR, QUICK_EXPERTS, QUICK_LINEAR) if args.quick else (LINEAR_TILES, EXPERT_TILES,
-                                                                                LARGE_TILES)
+    other_tiles = QUICK_OTHER if args.quick else OTHER_TILES
+    other_calls = record_others(model, kernels, tuple(other_tiles), None if args.quick else DEPTH)
+    tile_sets: tuple[Any, Any, Any] = ((QUICK_LINEAR, QUICK_EXPERTS, QUICK_LINEAR) if args.quick
+                                       else (LINEAR_TILES, EXPERT_TILES, LARGE_TILES))
+    lt, et, bt = tile_sets
     if args.quick:
         lin_calls, exp_calls, big_calls = lin_calls[:2], exp_calls[:1], big_calls[:1]
+        other_calls = [next(c for c in other_calls if c["name"] == n) for n in dict.fromkeys(c["name"] for c in other_calls)]
     launches, replays = (2, 1) if not cuda else (args.graph_launches, args.replays)
     res: dict[str, Any] = {"target": args.target, "gpu": torch.cuda.get_device_name() if cuda else "none",
                            "torch": torch.__version__, "triton": kernels.triton.__version__,
@@ -266,6 +387,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.perf_counter() - t_start:6.1f} s] {key} {i + 1}/{len(calls)} {r.get('shape', r.get('gate_up'))} "
                   f"x{r['count']}: now {r['current']['us']} us, best {r['best'] and r['best']['us']} us, "
                   f"torch {r.get('torch_f16_us', '-')} us", flush=True)
+    res["other"] = []
+    for i, c in enumerate(other_calls):
+        r = sweep_other(kernels, c, other_tiles[c["name"]], cuda, launches, replays)
+        res["other"].append(r)
+        print(f"[{time.perf_counter() - t_start:6.1f} s] other {i + 1}/{len(other_calls)} {r['name']} {r['shape']} "
+              f"x{r['count']}: now {r['current']['us']} us, best {r['best'] and r['best']['us']} us", flush=True)
+    res["other_per_token_us"] = {
+        name: {"current": round(sum(r["current"]["us"] * r["count"] for r in res["other"] if r["name"] == name), 1),
+               "best": round(sum((r["best"] or r["current"])["us"] * r["count"] for r in res["other"]
+                                 if r["name"] == name), 1),
+               "calls": sum(r["count"] for r in res["other"] if r["name"] == name)}
+        for name in dict.fromkeys(r["name"] for r in res["other"])}
     res["large_per_token_us"] = {"torch": round(sum(r["torch_f16_us"] * r["count"] for r in res["large"]), 1),
                                  "linear_vec_best": round(sum((r["best"] or r["current"])["us"] * r["count"]
                                                               for r in res["large"]), 1)}
@@ -274,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     res["per_token_us"] = {"current": round(now, 1), "best_tiles": round(best, 1), "saved": round(now - best, 1),
                            "calls": sum(r["count"] for r in res["linear"] + res["experts"])}
     res["script_s"] = round(time.perf_counter() - t_start, 1)
-    print(json.dumps({k: v for k, v in res.items() if k not in ("linear", "experts", "large")}, indent=1))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("linear", "experts", "large", "other")}, indent=1))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
     engine.close(prep)

@@ -121,9 +121,11 @@ def test_situ_vec_matches_the_torch_form(kernels, lb):
 
 
 @pytest.mark.parametrize("n_ckpt", [1, 3])
-def test_res_mix_matches_the_torch_form(kernels, n_ckpt):
+@pytest.mark.parametrize("cols", [0, 128])  # one program, or programs of 128 columns (the last one partial)
+def test_res_mix_matches_the_torch_form(kernels, n_ckpt, cols, monkeypatch):
     from engines.sparkinfer.model import rms_norm
 
+    monkeypatch.setattr(kernels, "RES_MIX_COLS", cols)
     gen = torch.Generator().manual_seed(n_ckpt)
     e = 700  # not a multiple of the block
     bank, cur = torch.randn(1, n_ckpt, e, generator=gen) * 3, torch.randn(1, e, generator=gen)

@@ -76,6 +76,10 @@ Tensor = torch.Tensor
 BLOCK_F = 16  # output columns of a per program in experts_in_situ (each reads 2 x BLOCK_F weight rows)
 BLOCK_L = 2  # output rows per program in experts_down_sum (k3-gpu's latent 1024: 512 programs)
 BLOCK_SITU = 1024  # columns per program in situ_vec
+# res_mix's output columns per program; 0: one program mixes every column (one launch of one program is a chain
+# of dependent loads on a single multiprocessor: 4.8 us per call in the eager profile at c1b1c3a, 16 calls per
+# k3-gpu token). bench/h200_kernel_sweep.py times the splits before a step sets one
+RES_MIX_COLS = 0
 MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
 MLA_BT = 16  # rows per step inside one
 GMM_BM, GMM_BN, GMM_BK = 64, 64, 32  # grouped_mm's tile
@@ -299,7 +303,9 @@ def situ_vec(h: Tensor, beta: float, linear_beta: float) -> Tensor:
 
 
 @triton.jit
-def _res_mix(bank_ptr, cur_ptr, score_ptr, out_ptr, C, eps, E: tl.constexpr, CP: tl.constexpr, BE: tl.constexpr):
+def _res_mix(bank_ptr, cur_ptr, score_ptr, out_ptr, C, eps, E: tl.constexpr, CP: tl.constexpr, BE: tl.constexpr,
+             COLS: tl.constexpr):
+    # every program scores all rows (pass 1, the same sums in the same order), then mixes its own COLS columns
     rows = tl.arange(0, CP)  # checkpoints 0..C-1 from the bank, row C the current stream, the rest padding
     is_bank = rows < C
     is_row = rows <= C
@@ -318,8 +324,9 @@ def _res_mix(bank_ptr, cur_ptr, score_ptr, out_ptr, C, eps, E: tl.constexpr, CP:
     sc = tl.where(is_row, sc, -float("inf"))
     p = tl.exp(sc - tl.max(sc, 0))
     p = p / tl.sum(p, 0)
-    for e0 in range(0, E, BE):  # pass 2: the mix of the raw rows
-        cols = e0 + tl.arange(0, BE)
+    c0 = tl.program_id(0) * COLS
+    for e0 in range(0, COLS, BE):  # pass 2: the mix of the raw rows, this program's columns
+        cols = c0 + e0 + tl.arange(0, BE)
         cm = cols < E
         xb = tl.load(bank_ptr + rows[:, None] * E + cols[None, :], mask=is_bank[:, None] & cm[None, :], other=0.0)
         xc = tl.load(cur_ptr + cols, mask=cm, other=0.0)
@@ -330,14 +337,18 @@ def _res_mix(bank_ptr, cur_ptr, score_ptr, out_ptr, C, eps, E: tl.constexpr, CP:
 def res_mix(bank: Tensor, cur: Tensor, score_w: Tensor, eps: float, max_rows: int) -> Tensor:
     """One token's softmax mix of the banked checkpoints bank [1, C, E] and the current stream cur [1, E]
     (f32), scored on their RMS-normed values with score_w [E]: -> [1, E] f32 in one launch (one program: two
-    passes over C + 1 rows). max_rows >= C + 1 sets the padded row count, so every layer shares one compile."""
+    passes over C + 1 rows; with RES_MIX_COLS, programs of that many output columns, each scoring every row
+    itself). max_rows >= C + 1 sets the padded row count, so every layer shares one compile."""
     _, c, e = bank.shape
     cp = triton.next_power_of_2(max_rows)
     if c + 1 > max_rows:
         raise ValueError(f"res_mix: {c} checkpoints + the current row exceed max_rows {max_rows}")
     out = torch.empty(1, e, dtype=torch.float32, device=cur.device)
-    _res_mix[(1,)](bank.float().contiguous(), cur.float().contiguous(), score_w.float().contiguous(), out, c, eps,
-                   E=e, CP=cp, BE=max(16, min(1024, 4096 // cp)))
+    be = max(16, min(1024, 4096 // cp))
+    cols = triton.cdiv(e, be) * be if RES_MIX_COLS <= 0 else triton.next_power_of_2(RES_MIX_COLS)
+    be = min(be, cols)
+    _res_mix[(triton.cdiv(e, cols),)](bank.float().contiguous(), cur.float().contiguous(),
+                                      score_w.float().contiguous(), out, c, eps, E=e, CP=cp, BE=be, COLS=cols)
     return out
 
 
