@@ -75,7 +75,9 @@ def one_token(model: Any, forget: Callable[[], Any]) -> None:
 def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list[dict]]:
     """One decoded token after a 32-token prefill, with kernels.linear_vec, kernels.decode_experts and the torch
     form's product (model.linear: the products above VEC_MAX_ELEMENTS, on cuBLAS) wrapped: each distinct call
-    kept once (its arguments cloned) with how many times the token made it."""
+    kept once (its first arguments cloned) with how many times the token made it. Calls are distinct by what
+    sets a launch's work (shapes, dtype, prologue and epilogue), not by which layer's weights they read: the
+    sweep of 2026-12-02 timed every layer's launch of one shape within a few percent of each other."""
     import engines.sparkinfer.model as mod
 
     lin: dict[tuple, dict] = {}
@@ -86,7 +88,7 @@ def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list
     def rec_big(x, m):
         w = m.w
         if x.reshape(-1, x.shape[-1]).shape[0] == 1 and w.dim() == 2 and w.dtype in (torch.float16, torch.bfloat16):
-            key = (tuple(w.shape), w.data_ptr())
+            key = (tuple(w.shape), w.dtype)
             if key not in big:
                 big[key] = {"x": x.detach().reshape(1, -1).float().clone(), "w": w, "norm": None, "eps": 0.0,
                             "add": None, "count": 0}
@@ -94,7 +96,7 @@ def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list
         return orig_big(x, m)
 
     def rec_lin(x, w, norm=None, eps=0.0, add=None):
-        key = (tuple(w.shape), w.data_ptr(), norm is not None, add is not None)
+        key = (tuple(w.shape), w.dtype, norm is not None, add is not None)
         if key not in lin:
             lin[key] = {"x": x.detach().clone(), "w": w, "norm": None if norm is None else norm.detach().clone(),
                         "eps": eps, "add": None if add is None else add.detach().clone(), "count": 0}
@@ -102,7 +104,7 @@ def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list
         return orig_lin(x, w, norm, eps, add)
 
     def rec_exp(xin, sel, wts, w_in, w_down, beta, linear_beta):
-        key = (tuple(w_in.shape), w_in.data_ptr())
+        key = (tuple(w_in.shape), w_in.dtype, int(sel.shape[0]))
         if key not in exp:
             exp[key] = {"args": (xin.detach().clone(), sel.detach().clone(), wts.detach().clone(), w_in, w_down, beta,
                                  linear_beta), "count": 0}
