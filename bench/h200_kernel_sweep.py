@@ -72,55 +72,70 @@ def one_token(model: Any, forget: Callable[[], Any]) -> None:
     model.forward(first.argmax(-1), cache, torch.zeros(1, dtype=torch.long, device=dev))
 
 
-def record_calls(model: Any, kernels: Any) -> tuple[list[dict], list[dict], list[dict]]:
-    """One decoded token after a 32-token prefill, with kernels.linear_vec, kernels.decode_experts and the torch
-    form's product (model.linear: the products above VEC_MAX_ELEMENTS, on cuBLAS) wrapped: each distinct call
-    kept once (its first arguments cloned) with how many times the token made it. Calls are distinct by what
-    sets a launch's work (shapes, dtype, prologue and epilogue), not by which layer's weights they read: the
-    sweep of 2026-12-02 timed every layer's launch of one shape within a few percent of each other."""
-    import engines.sparkinfer.model as mod
+def _shapes(args: tuple) -> tuple:
+    """What sets a launch's work: each tensor argument's shape and dtype, each other argument's type."""
+    return tuple((tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
 
-    lin: dict[tuple, dict] = {}
-    exp: dict[tuple, dict] = {}
-    big: dict[tuple, dict] = {}
-    orig_lin, orig_exp, orig_big = kernels.linear_vec, kernels.decode_experts, mod.linear
 
-    def rec_big(x, m):
-        w = m.w
-        if x.reshape(-1, x.shape[-1]).shape[0] == 1 and w.dim() == 2 and w.dtype in (torch.float16, torch.bfloat16):
-            key = (tuple(w.shape), w.dtype)
-            if key not in big:
-                big[key] = {"x": x.detach().reshape(1, -1).float().clone(), "w": w, "norm": None, "eps": 0.0,
-                            "add": None, "count": 0}
-            big[key]["count"] += 1
-        return orig_big(x, m)
+def _as_is(args: tuple) -> tuple:
+    return args
 
-    def rec_lin(x, w, norm=None, eps=0.0, add=None):
-        key = (tuple(w.shape), w.dtype, norm is not None, add is not None)
-        if key not in lin:
-            lin[key] = {"x": x.detach().clone(), "w": w, "norm": None if norm is None else norm.detach().clone(),
-                        "eps": eps, "add": None if add is None else add.detach().clone(), "count": 0}
-        lin[key]["count"] += 1
-        return orig_lin(x, w, norm, eps, add)
 
-    def rec_exp(xin, sel, wts, w_in, w_down, beta, linear_beta):
-        key = (tuple(w_in.shape), w_in.dtype, int(sel.shape[0]))
-        if key not in exp:
-            exp[key] = {"args": (xin.detach().clone(), sel.detach().clone(), wts.detach().clone(), w_in, w_down, beta,
-                                 linear_beta), "count": 0}
-        exp[key]["count"] += 1
-        return orig_exp(xin, sel, wts, w_in, w_down, beta, linear_beta)
+def _one_row_product(args: tuple) -> tuple | None:
+    """model.linear(x, m) on one row of a plain f16/bf16 matrix, as linear_vec's arguments (x, w, norm, eps, add)."""
+    x, m = args
+    w = m.w
+    if x.reshape(-1, x.shape[-1]).shape[0] != 1 or w.dim() != 2 or w.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    return x.detach().reshape(1, -1).float(), w, None, 0.0, None
 
-    kernels.linear_vec, kernels.decode_experts, mod.linear = rec_lin, rec_exp, rec_big
+
+def record(model: Any, hooks: dict[str, tuple[Any, str, Callable[[tuple], tuple | None]]]) -> dict[str, list[dict]]:
+    """One decoded token after a 32-token prefill with each hook's owner.attribute wrapped. A hook's view turns a
+    call's arguments into the arguments to keep (None: not recorded). Each distinct call is kept once (its
+    arguments cloned) with how many times the token made it. Calls are distinct by what sets a launch's work
+    (shapes, dtypes, which optional inputs are there), not by which layer's weights they read: the sweep of
+    2026-12-02 timed every layer's launch of one shape within a few percent of each other."""
+    found: dict[str, dict[tuple, dict]] = {label: {} for label in hooks}
+    orig = {label: getattr(owner, attr) for label, (owner, attr, _) in hooks.items()}
+
+    def wrap(label: str, view: Callable[[tuple], tuple | None]) -> Callable[..., Any]:
+        def rec(*args: Any) -> Any:
+            kept = view(args)
+            if kept is not None:
+                calls = found[label]
+                key = _shapes(kept)
+                if key not in calls:
+                    calls[key] = {"name": label, "count": 0, "args": tuple(
+                        a.detach().clone() if isinstance(a, torch.Tensor) else a for a in kept)}
+                calls[key]["count"] += 1
+            return orig[label](*args)
+        return rec
+
+    def forget() -> None:  # the prefill's calls are not one token's
+        for calls in found.values():
+            calls.clear()
+
+    for label, (owner, attr, view) in hooks.items():
+        setattr(owner, attr, wrap(label, view))
     try:
-        def forget() -> None:
-            for d in (lin, exp, big):
-                d.clear()
-
         one_token(model, forget)
     finally:
-        kernels.linear_vec, kernels.decode_experts, mod.linear = orig_lin, orig_exp, orig_big
-    return list(lin.values()), list(exp.values()), list(big.values())
+        for label, (owner, attr, _) in hooks.items():
+            setattr(owner, attr, orig[label])
+    return {label: list(calls.values()) for label, calls in found.items()}
+
+
+def at_depth(call: dict, depth: int) -> dict:
+    """An mla_decode call attending as the round's decode at `depth` does: a random f16 latent cache of `span` rows
+    (the next power of two above depth), the row at `depth`."""
+    a = list(call["args"])  # q, kv, kv_norm, latent, pos, span, ...
+    span = 1 << depth.bit_length()  # rows 0..depth fit
+    lat = a[3]
+    a[3] = (torch.randn(span, lat.shape[1], generator=torch.Generator().manual_seed(7)) * 0.5).to(lat)
+    a[4] = torch.tensor([depth], dtype=torch.long, device=lat.device)
+    a[5] = span
+    return {**call, "args": tuple(a), "span": span}
 
 
 def device_us(fn: Callable[[], Any], cuda: bool, launches: int, replays: int) -> float:
@@ -158,7 +173,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def sweep_linear(kernels: Any, call: dict, tiles: dict, cuda: bool, launches: int, replays: int) -> dict:
-    x, w, norm, eps, add = call["x"], call["w"], call["norm"], call["eps"], call["add"]
+    x, w, norm, eps, add = call["args"]
     n, k = w.shape
     xv = x.reshape(-1).float().contiguous()
     nv = None if norm is None else norm.reshape(-1).float().contiguous()
@@ -197,43 +212,6 @@ def sweep_linear(kernels: Any, call: dict, tiles: dict, cuda: bool, launches: in
             "count": call["count"], "current": {"BN": cur_bn, "BK": cur_bk, "warps": cur_warps, "us": round(cur, 3),
                                                 "gbs": round(gbytes / (cur * 1e-6), 1)},
             "best": best, "torch_f16_us": round(torch_us, 3), "tiles": rows}
-
-
-def record_others(model: Any, kernels: Any, names: tuple[str, ...], depth: int | None) -> list[dict]:
-    """One decoded token's calls of the kernels.<name> wrappers (each distinct by name and argument shapes, its
-    arguments cloned, with its count). With `depth`, mla_decode's calls attend as the round's decode at that
-    depth does: a random f16 latent cache of `span` rows (the next power of two above depth), the row at `depth`."""
-    found: dict[tuple, dict] = {}
-    orig = {n: getattr(kernels, n) for n in names}
-
-    def wrap(name: str) -> Callable[..., Any]:
-        def rec(*args: Any) -> Any:
-            key = (name, *(tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args))
-            if key not in found:
-                found[key] = {"name": name, "args": tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a
-                                                          for a in args), "count": 0}
-            found[key]["count"] += 1
-            return orig[name](*args)
-        return rec
-
-    for n in names:
-        setattr(kernels, n, wrap(n))
-    try:
-        one_token(model, found.clear)
-    finally:
-        for n, f in orig.items():
-            setattr(kernels, n, f)
-    calls = list(found.values())
-    for c in calls:
-        if c["name"] == "mla_decode" and depth:
-            a = list(c["args"])  # q, kv, kv_norm, latent, pos, span, ...
-            span = 1 << depth.bit_length()  # the next power of two above depth: rows 0..depth fit
-            lat = a[3]
-            a[3] = (torch.randn(span, lat.shape[1], generator=torch.Generator().manual_seed(7)) * 0.5).to(lat)
-            a[4] = torch.tensor([depth], dtype=torch.long, device=lat.device)
-            a[5] = span
-            c["args"], c["span"] = tuple(a), span
-    return calls
 
 
 def _set(kernels: Any, name: str, value: Any) -> None:
@@ -367,15 +345,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"target": args.target, "kernels": prep.identity.extra.get("kernels"),
                           "error": "the engine chose the torch form: nothing to sweep"}))
         return 1
-    lin_calls, exp_calls, big_calls = record_calls(model, kernels)
+    import engines.sparkinfer.model as mod
+
     other_tiles = QUICK_OTHER if args.quick else OTHER_TILES
-    other_calls = record_others(model, kernels, tuple(other_tiles), None if args.quick else DEPTH)
+    found = record(model, {"linear": (kernels, "linear_vec", _as_is), "experts": (kernels, "decode_experts", _as_is),
+                           "large": (mod, "linear", _one_row_product),
+                           **{n: (kernels, n, _as_is) for n in other_tiles}})
+    lin_calls, exp_calls, big_calls = found["linear"], found["experts"], found["large"]
+    other_calls = [c if args.quick or n != "mla_decode" else at_depth(c, DEPTH) for n in other_tiles for c in found[n]]
     tile_sets: tuple[Any, Any, Any] = ((QUICK_LINEAR, QUICK_EXPERTS, QUICK_LINEAR) if args.quick
                                        else (LINEAR_TILES, EXPERT_TILES, LARGE_TILES))
     lt, et, bt = tile_sets
     if args.quick:
         lin_calls, exp_calls, big_calls = lin_calls[:2], exp_calls[:1], big_calls[:1]
-        other_calls = [next(c for c in other_calls if c["name"] == n) for n in dict.fromkeys(c["name"] for c in other_calls)]
+        other_calls = [found[n][0] for n in other_tiles if found[n]]
     launches, replays = (2, 1) if not cuda else (args.graph_launches, args.replays)
     res: dict[str, Any] = {"target": args.target, "gpu": torch.cuda.get_device_name() if cuda else "none",
                            "torch": torch.__version__, "triton": kernels.triton.__version__,

@@ -71,11 +71,11 @@ def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int
     out.append(("situ", K._situ, {"h_ptr": P, "out_ptr": P, "inv_beta": "fp32", "inv_lb": "fp32", "beta_lb": "fp32",
                                   "F": "i32", "LINEAR_UP": "constexpr", "BF": "constexpr"},
                 {"LINEAR_UP": False, "BF": K.BLOCK_SITU}, 4))
-    be = max(16, min(1024, 4096 // cp))
+    be, cols = K.res_mix_blocks(e, cp)
     out.append(("res_mix", K._res_mix, {"bank_ptr": P, "cur_ptr": P, "score_ptr": P, "out_ptr": P, "C": "i32",
                                         "eps": "fp32", "E": "constexpr", "CP": "constexpr", "BE": "constexpr",
                                         "COLS": "constexpr"},
-                {"E": e, "CP": cp, "BE": be, "COLS": -(-e // be) * be}, 4))
+                {"E": e, "CP": cp, "BE": be, "COLS": cols}, 4))
     kda = {n: P for n in ("q_ptr", "k_ptr", "v_ptr", "gf_ptr", "beta_ptr", "gout_ptr", "conv_ptr", "convw_ptr",
                           "na_ptr", "dtna_ptr", "s_ptr", "norm_ptr", "out_ptr")}
     kda.update({"lower_bound": "fp32", "eps": "fp32", "scale": "fp32", "DI": "constexpr", "HD": "constexpr",

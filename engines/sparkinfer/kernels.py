@@ -344,12 +344,18 @@ def res_mix(bank: Tensor, cur: Tensor, score_w: Tensor, eps: float, max_rows: in
     if c + 1 > max_rows:
         raise ValueError(f"res_mix: {c} checkpoints + the current row exceed max_rows {max_rows}")
     out = torch.empty(1, e, dtype=torch.float32, device=cur.device)
-    be = max(16, min(1024, 4096 // cp))
-    cols = triton.cdiv(e, be) * be if RES_MIX_COLS <= 0 else triton.next_power_of_2(RES_MIX_COLS)
-    be = min(be, cols)
+    be, cols = res_mix_blocks(e, cp)
     _res_mix[(triton.cdiv(e, cols),)](bank.float().contiguous(), cur.float().contiguous(),
                                       score_w.float().contiguous(), out, c, eps, E=e, CP=cp, BE=be, COLS=cols)
     return out
+
+
+def res_mix_blocks(e: int, cp: int) -> tuple[int, int]:
+    """res_mix's (columns per step, output columns per program) for width e and cp padded rows: a step holds
+    about 4096 floats (cp x BE, BE at least 16), and RES_MIX_COLS <= 0 puts every column in one program."""
+    be = max(16, min(1024, 4096 // cp))
+    cols = triton.cdiv(e, be) * be if RES_MIX_COLS <= 0 else triton.next_power_of_2(RES_MIX_COLS)
+    return min(be, cols), cols
 
 
 @triton.jit
