@@ -225,9 +225,10 @@ def test_ctrl_c_during_a_launch_leaves_no_scratch_and_no_process(probe_root, tmp
                             stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     assert proc.stdout.readline().strip() == "start"
     deadline = time.time() + 60
-    while time.time() < deadline and not processes_naming("scoreboard.worker " + str(base)):
+    # /proc's cmdline separates arguments by NUL: the worker's module and its request path under `base`
+    while time.time() < deadline and not processes_naming("scoreboard.worker\0" + str(base)):
         time.sleep(0.2)
-    assert processes_naming(str(base)), "the worker never started"
+    assert processes_naming("scoreboard.worker\0" + str(base)), "the worker never started"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "KeyboardInterrupt" in err
