@@ -107,6 +107,23 @@ def test_ladder_text_and_plot(history, monkeypatch, capsys, tmp_path):
         assert text in svg, text
 
 
+def test_piped_ladder_keeps_round_ids_and_commits_whole(history, tmp_path):
+    """Redirected to a file (no terminal, no COLUMNS), rich would lay the table out at 80 columns and cut every
+    round id to "2026-1…": a log or a closing note could not name the round. The piped console is wider."""
+    import os
+
+    lock, rounds, ids = history
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    args = [sys.executable, "-m", "scoreboard", "ladder", "--rounds", str(rounds)]
+    proc = subprocess.run([*args, "--plot", str(tmp_path / "l.svg")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout
+    steps = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                                      check=True).stdout)["steps"]
+    assert steps and all(st["round_id"] in proc.stdout and st["commit"][:12] in proc.stdout for st in steps), steps
+
+
 def test_ladder_marks_a_step_whose_receipt_was_edited(history, monkeypatch, capsys, tmp_path):
     lock, rounds, ids = history
     _edit(rounds / f"{ids[1]}.json", lambda d: d["verdict"].__setitem__("label", "XL"))

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from rich.console import Console
 
-console = Console()
+# Piped or redirected, rich lays tables out at 80 columns and cuts round ids and commits to "2026-1…"; a
+# log or a closing note needs them whole. Off a terminal, without COLUMNS, lay out at PIPE_WIDTH instead.
+PIPE_WIDTH = 200
+
+
+def _stdout_console() -> Console:
+    probe = Console()
+    if probe.is_terminal or os.environ.get("COLUMNS"):
+        return probe
+    return Console(width=PIPE_WIDTH)
+
+
+console = _stdout_console()
 err_console = Console(stderr=True, soft_wrap=True)  # never break a path or a command in two
 
 
