@@ -37,6 +37,12 @@ from scoreboard.weights.presets import get_spec  # noqa: E402
 P, H, I64 = "*fp32", "*fp16", "*i64"
 
 
+def vec_tiles() -> list[tuple[int, int]]:
+    """Every (rows, warps) K.vec_blocks can pick, read from the rule itself over a grid of product shapes (rows
+    16..32768, a short and a long reduction); compiled at its widest step, 1024, the most registers per row."""
+    return sorted({(bn, w) for n in range(16, 32769, 16) for k in (512, 1024) for bn, _, w in [K.vec_blocks(n, k)]})
+
+
 def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
     """(label, kernel, signature, constexprs, warps) for every kernel at the preset's widths."""
     c = get_spec(name).config()
@@ -48,7 +54,7 @@ def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int
     lv = {"x_ptr": P, "w_ptr": H, "out_ptr": P, "norm_ptr": P, "add_ptr": P, "N": "i32", "K": "i32", "eps": "fp32",
           "HAS_NORM": "constexpr", "HAS_ADD": "constexpr", "BN": "constexpr", "BK": "constexpr"}
     for norm, add in ((False, False), (True, False), (False, True), (True, True)):
-        for bn, warps in ((2, 8), (4, 8), (4, 4), (8, 4)):  # the tiles K.vec_blocks picks, at its widest step
+        for bn, warps in vec_tiles():
             out.append((f"linear_vec norm={norm} add={add} bn={bn} warps={warps}", K._linear_vec, lv,
                         {"BN": bn, "BK": 1024, "HAS_NORM": norm, "HAS_ADD": add}, warps))
     out.append(("linear_vec f32 router", K._linear_vec, {**lv, "w_ptr": P},

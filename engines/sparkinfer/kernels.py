@@ -221,9 +221,8 @@ def vec_blocks(n: int, k: int) -> tuple[int, int, int]:
     many = n >= 8 * 2 * 132
     bn = 8 if many else (4 if n >= 1024 else 2)
     bk = 1024
-    while bk > 16 and k % bk:
+    while bk > 16 and k % bk:  # a step that divides K is at most K: no clamp to K needed
         bk //= 2
-    bk = max(16, min(bk, triton.next_power_of_2(k)))
     return bn, bk, 4 if many or k < 1024 else 8
 
 
