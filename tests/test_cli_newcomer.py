@@ -107,13 +107,18 @@ def test_ladder_text_and_plot(history, monkeypatch, capsys, tmp_path):
         assert text in svg, text
 
 
-def test_piped_ladder_keeps_round_ids_and_commits_whole(history, tmp_path):
+@pytest.mark.parametrize("columns", [None, "0", "wide"])
+def test_piped_ladder_keeps_round_ids_and_commits_whole(history, tmp_path, columns):
     """Redirected to a file (no terminal, no COLUMNS), rich would lay the table out at 80 columns and cut every
-    round id to "2026-1…": a log or a closing note could not name the round. The piped console is wider."""
+    round id to "2026-1…": a log or a closing note could not name the round. The piped console is wider. A
+    COLUMNS that is no positive integer counts as unset: at COLUMNS=0 rich printed nothing, an error neither."""
     import os
 
     lock, rounds, ids = history
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({} if columns is None else {"COLUMNS": columns})
+    bad = subprocess.run([sys.executable, "-m", "scoreboard", "round", "show", "no-such-round", "--rounds",
+                          str(rounds)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert bad.returncode == 1 and "no receipt 'no-such-round'" in bad.stderr, bad
     args = [sys.executable, "-m", "scoreboard", "ladder", "--rounds", str(rounds)]
     proc = subprocess.run([*args, "--plot", str(tmp_path / "l.svg")], capture_output=True, text=True, env=env,
                           cwd=tmp_path)

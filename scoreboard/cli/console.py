@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 from rich.console import Console
 
 # Piped or redirected, rich lays tables out at 80 columns and cuts round ids and commits to "2026-1…"; a
-# log or a closing note needs them whole. Off a terminal, without COLUMNS, lay out at PIPE_WIDTH instead.
+# log or a closing note needs them whole. Off a terminal, without COLUMNS, stdout lays out at PIPE_WIDTH.
 PIPE_WIDTH = 200
 
 
-def _stdout_console() -> Console:
-    probe = Console()
-    if probe.is_terminal or os.environ.get("COLUMNS"):
-        return probe
-    return Console(width=PIPE_WIDTH)
+def _console(stderr: bool, piped_width: int, **kw: Any) -> Console:
+    """A console whose width is never 0: rich takes COLUMNS=0 literally and then prints nothing at all (an
+    error included), so COLUMNS counts only as a positive integer; otherwise a terminal's own size, or
+    `piped_width` off a terminal."""
+    cols = os.environ.get("COLUMNS", "")
+    probe = Console(stderr=stderr, width=80)  # whether the stream is a terminal; the width is not read
+    if cols.isdigit() and int(cols) > 0:
+        width = None  # rich reads COLUMNS itself
+    elif probe.is_terminal:
+        width = shutil.get_terminal_size((80, 24)).columns  # skips a COLUMNS that is not a positive integer
+    else:
+        width = piped_width
+    return Console(stderr=stderr, width=width, **kw)
 
 
-console = _stdout_console()
-err_console = Console(stderr=True, soft_wrap=True)  # never break a path or a command in two
+console = _console(False, PIPE_WIDTH)
+err_console = _console(True, 80, soft_wrap=True)  # never break a path or a command in two
 
 
 def print_json(data: Any) -> None:
