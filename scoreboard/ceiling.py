@@ -7,8 +7,12 @@ The bytes come from the verified GGUF's own tensor sizes (their stored quantizat
 from the checked model config. A rate above ``bandwidth x devices / bytes`` cannot have been computed on
 that box: the round records it and the metric is not scored.
 
-The bound ignores the KV cache and the recurrent state (it is a lower bound on bytes) and the node
-class's bandwidth is set generously (an upper bound), so an honest engine is never near it.
+At depth d the token also attends over d cached rows of every MLA layer (the latent row: kv_lora + rope
+values), so the bound adds d x those rows' bytes, counted at one byte per value (a cache kept below the f16
+both engines use today, if it passed the gate, must not be called impossible). The recurrent state is left out
+(a lower bound on bytes) and the node class's bandwidth is set generously (an upper bound), so an honest engine
+is never near it. ``kv_bytes_per_row_f16`` is the same rows at f16, what the diagnosis's bandwidth ceiling at
+depth uses (weights plus the f16 rows read, docs/diagnosis.md).
 
 Prefill has no bound here: a batch of n prompt tokens shares each weight read, so bytes give no useful
 limit, and a compute bound would need a FLOP figure per node class this lock does not carry.
@@ -29,6 +33,7 @@ class Ceiling:
     devices: int  # devices the candidate's ranks use (1 on a cpu host)
     decode_bytes_per_token: int
     detail: dict[str, int]
+    kv_values_per_row: int = 0  # MLA layers x (kv_lora + rope): the values one cached position holds
 
     @property
     def decode_max_tok_s(self) -> float:
@@ -38,6 +43,7 @@ class Ceiling:
         return {"memory_bandwidth_gbs": self.memory_bandwidth_gbs, "devices": self.devices,
                 "decode_bytes_per_token": self.decode_bytes_per_token,
                 "decode_max_tok_s": round(self.decode_max_tok_s, 3), "bytes": dict(self.detail),
+                "kv_floor_bytes_per_row": self.kv_values_per_row, "kv_bytes_per_row_f16": 2 * self.kv_values_per_row,
                 "prefill": "no bound"}
 
 
@@ -64,16 +70,32 @@ def decode_bytes(shards: tuple[Path, ...] | list[Path], cfg: Any) -> tuple[int, 
                    "routed_experts_all": experts}
 
 
+def kv_values_per_row(cfg: Any) -> int:
+    """Values one cached position holds over every MLA layer: MLA layers x (kv_lora + rope)."""
+    mla = len(getattr(cfg, "mla_layers", ()) or ())
+    return mla * (int(getattr(cfg, "kv_lora_rank", 0) or 0) + int(getattr(cfg, "rope_dim", 0) or 0))
+
+
 def decode_ceiling(shards, cfg, bandwidth_gbs: float, devices: int) -> Ceiling:
     total, detail = decode_bytes(shards, cfg)
-    return Ceiling(float(bandwidth_gbs), max(int(devices), 1), total, detail)
+    return Ceiling(float(bandwidth_gbs), max(int(devices), 1), total, detail, kv_values_per_row(cfg))
 
 
-def implausible(ceiling: dict[str, Any] | None, phase: str, n_tokens: int, samples_ns: list[int]) -> str | None:
-    """Why a rep's rate is above the recorded ceiling (None when every rep is below it)."""
+def max_tok_s_at(ceiling: dict[str, Any], depth: int, f16_kv: bool = False) -> float:
+    """The decode-rate bound at `depth` cached rows: bandwidth x devices / (weights + depth x a row's bytes, at
+    one byte per value, or at f16 with `f16_kv`). 0 when the ceiling holds no bandwidth."""
+    bw = float(ceiling.get("memory_bandwidth_gbs") or 0) * 1e9 * int(ceiling.get("devices") or 1)
+    row = int(ceiling.get("kv_bytes_per_row_f16" if f16_kv else "kv_floor_bytes_per_row") or 0)
+    total = int(ceiling.get("decode_bytes_per_token") or 0) + max(int(depth), 0) * row
+    return bw / total if bw > 0 and total > 0 else 0.0
+
+
+def implausible(ceiling: dict[str, Any] | None, phase: str, n_tokens: int, samples_ns: list[int],
+                depth: int = 0) -> str | None:
+    """Why a rep's rate is above the recorded ceiling at its depth (None when every rep is below it)."""
     if not ceiling or phase != "decode":
         return None
-    cap = float(ceiling.get("decode_max_tok_s") or 0)
+    cap = max_tok_s_at(ceiling, depth)
     if cap <= 0:
         return None
     fastest = min((int(x) for x in samples_ns), default=0)
@@ -81,7 +103,9 @@ def implausible(ceiling: dict[str, Any] | None, phase: str, n_tokens: int, sampl
         return None
     rate = n_tokens / (fastest / 1e9)
     if rate > cap:
+        kv = int(ceiling.get("kv_floor_bytes_per_row") or 0) * max(int(depth), 0)
         return (f"a timed rep decoded at {rate:,.0f} tok/s, above the physical ceiling {cap:,.0f} tok/s "
                 f"({ceiling.get('memory_bandwidth_gbs')} GB/s x {ceiling.get('devices')} device(s) / "
-                f"{ceiling.get('decode_bytes_per_token'):,} B per token)")
+                f"({ceiling.get('decode_bytes_per_token'):,} B of weights + {kv:,} B of cache rows at depth "
+                f"{depth}) per token)")
     return None

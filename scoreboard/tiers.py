@@ -425,7 +425,7 @@ def _timed_output_problems(s: Scoring, entry: SpeedMetric, m: Metric) -> tuple[l
         if arm == "reference":
             continue
         samples = [x for b in data.blocks for x in b.samples_ns]
-        why = implausible(ceiling, m.phase, m.n_tokens, samples)
+        why = implausible(ceiling, m.phase, m.n_tokens, samples, m.depth)
         if arm == "candidate":
             if why:
                 problems.append(f"{name}: {arm} arm: {why}; the metric is not scored")
