@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, Prepared, Workload
+from .engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, Prepared, StepOutput, Workload, as_step_output
 from .errors import EngineError
+from .gate import log_softmax64
 from .round.clock import in_process_reps
 
 
@@ -82,6 +83,7 @@ def check_timed(engine: Engine, prepared: Prepared, workload: Workload, reveals:
     if engine.clock == "harness":
         _require(all(len(r.token_ids) == workload.output_len for r in out),
                  f"a {workload.phase} step() returns {workload.output_len} id(s)")
+        check_step_output(engine, prepared, workload, reveals[0])
         if geometry is not None:
             for revealed, r in zip(reveals[1: reps + 1], out):
                 seq = tuple(workload.prompt_ids) + tuple(revealed)
@@ -90,6 +92,26 @@ def check_timed(engine: Engine, prepared: Prepared, workload: Workload, reveals:
                          f"a {workload.phase} step()'s first id must be the greedy next token after the prompt and "
                          "the revealed token(s) (the engine's own logits disagree)")
     return TimedCheck(workload.phase, len(out), [r.token_ids for r in out])
+
+
+def check_step_output(engine: Engine, prepared: Prepared, workload: Workload, revealed: tuple[int, ...]) -> None:
+    """Contract 3: step() returns a StepOutput whose log-probs are its ids' log-softmax in the rows step_logits()
+    then gives, and each id is its row's argmax."""
+    state = engine.begin(prepared, workload)
+    raw = engine.step(prepared, state, tuple(revealed))
+    _require(isinstance(raw, StepOutput), f"step() must return a StepOutput (contract 3), got {type(raw).__name__}")
+    out = as_step_output(raw)
+    _require(out.logprobs is not None and len(out.logprobs) == len(out.token_ids),
+             "step() must return one log-prob per output id")
+    rows = engine.step_logits(prepared)
+    _require(isinstance(rows, np.ndarray) and rows.ndim == 2 and rows.shape[0] == len(out.token_ids),
+             f"step_logits() must be [len(token_ids)={len(out.token_ids)}, vocab]")
+    _require(bool(np.all(np.argmax(rows, axis=-1) == np.asarray(out.token_ids))),
+             "every id step() returns must be the argmax of its step_logits() row")
+    own = log_softmax64(rows)[np.arange(len(out.token_ids)), np.asarray(out.token_ids)]
+    assert out.logprobs is not None
+    _require(bool(np.all(np.abs(own - np.asarray(out.logprobs)) <= 1e-3)),
+             "step()'s log-probs must be the log-softmax of its ids in its step_logits() rows")
 
 
 def run_contract(engine: Engine, target: EngineTarget, cache_dir: Path, prompt: list[int],
@@ -102,9 +124,10 @@ def run_contract(engine: Engine, target: EngineTarget, cache_dir: Path, prompt: 
     try:
         positions = sorted({0, depth // 2, depth - 1})
         x = check_logits(engine, prepared, prompt[:depth], positions, target)
-        dec_w = Workload("decode", depth, n_decode, tuple(prompt[: depth - 1]))
-        dec = check_timed(engine, prepared, dec_w, [(int(t),) for t in prompt[depth - 1: depth + 2]],
-                          geometry=target.geometry)
+        k = min(3, depth)  # a decode reveals K tokens (scoreboard.round.reveal); 3 here, distinct per rep
+        dec_w = Workload("decode", depth, n_decode, tuple(prompt[: depth - k]), reveal=k)
+        dec = check_timed(engine, prepared, dec_w, [tuple(int(t) for t in prompt[depth - k + i: depth + i])
+                                                     for i in range(3)], geometry=target.geometry)
         pre_w = Workload("prefill", 0, n_prefill, ())
         pre = check_timed(engine, prepared, pre_w, [tuple(prompt[i: i + n_prefill]) for i in range(3)],
                           geometry=target.geometry)

@@ -15,13 +15,22 @@ is the engine id used in ``reference.lock`` and in receipts. It provides:
     the timed part on the tokens revealed at the start of the clock; ``synchronize(prepared)`` waits for
     the device. What each phase sees (``Workload.known_len`` / ``Workload.reveal_len``):
 
-    - decode at depth d: ``begin`` gets ``prompt[:d-1]`` (and fills it: d-1 tokens of real context);
-      ``step`` gets the one token at position d-1, consumes it, and returns ``n_tokens`` greedy ids
-      g1..gn (g1 = argmax after consuming the revealed token, g(i+1) = argmax after consuming gi), so
-      the timed part is n single-token forwards, all of them after the reveal;
+    - decode at depth d: ``begin`` gets ``prompt[:d-K]`` (and fills it: d-K tokens of real context),
+      K = ``Workload.reveal`` (chosen by the harness so that the revealed tokens hold at least 40 bits: no
+      ``begin`` can enumerate their continuations); ``step`` gets the K tokens at positions d-K..d-1,
+      consumes them in order, and returns ``n_tokens`` greedy ids g1..gn (g1 = argmax after consuming the
+      last revealed token, g(i+1) = argmax after consuming gi), so the timed part is the K tokens' ingest and
+      n single-token forwards, all of them after the reveal (llama-bench's ``-d d-K -pg K,n``);
     - prefill at depth d: ``begin`` gets ``prompt[:d]`` (and fills it); ``step`` gets the ``n_tokens``
       prompt tokens to ingest and returns ``[g]``, the greedy next token after the last of them (the
       argmax of the last position's logits).
+
+    ``step`` returns a :class:`StepOutput`: the ids and, per id, its log-probability under the logits row
+    whose argmax it is (computed on the device in f32 inside the timed part), which the round holds against
+    the checked run's (a path taken only when timed changes them even where its tokens agree). After a
+    ``step`` of the gate's untimed checked run the harness calls ``step_logits(prepared)``: the full logits
+    rows of that step (decode: one per generated id; prefill: the last position's), graded against the
+    reference's at the same positions, so the decode path itself (a CUDA graph included) is judged.
 
     The round runs begin/step in a worker process and keeps the clock in the harness's own process,
     outside the candidate's reach (scoreboard.round.clock, scoreboard.worker): the worker prepares, calls
@@ -56,8 +65,10 @@ import numpy as np
 
 # The engine contract's version, read from a commit's own scoreboard/engine.py when the round re-measures an
 # older commit (the frontier arm): 1 = begin() saw the whole prompt and step(prepared, state) took no reveal;
-# 2 = begin() sees only the known prompt and step(prepared, state, revealed) gets the secret reveal.
-CONTRACT_VERSION = 2
+# 2 = begin() sees only the known prompt and step(prepared, state, revealed) gets the secret reveal;
+# 3 = a decode reveals Workload.reveal tokens (>= 40 bits), step() returns a StepOutput with per-id log-probs, and
+# step_logits() gives the checked run's full rows.
+CONTRACT_VERSION = 3
 
 # The published plugin surface (docs/engines.md, "What an engine may import"): an engine imports from the harness
 # only this module and scoreboard.errors. Besides the contract's own types, this module lends the harness helpers
@@ -81,7 +92,7 @@ LENT: dict[str, str] = {
 
 # what an engine may import from this module: the contract's own names, then the lent helpers
 __all__ = ["CONTRACT_VERSION", "Engine", "EngineIdentity", "EngineTarget", "Geometry", "LogitsRequest",
-           "LogitsResult", "Phase", "Prepared", "Progress", "Rep", "Workload",
+           "LogitsResult", "Phase", "Prepared", "Progress", "Rep", "StepOutput", "Workload", "as_step_output",
            "cache_dir", "GitReference", "SdistReference", "atomic_write_text", "ls_remote", "GitUnavailable",
            "compare_scans", "load_k3_config", "GIB", "fit_budget", "price_weights", "ram_gib"]
 
@@ -182,23 +193,26 @@ class LogitsResult:
 class Workload:
     """A timed workload as begin() sees it: the prompt with its secret part withheld.
 
-    depth = tokens really in the cache when the timed part ends its ingest (decode: d-1 filled by begin +
-    the revealed token; prefill: d filled by begin, then n_tokens revealed ones)."""
+    depth = tokens really in the cache when the timed part ends its ingest (decode: d-K filled by begin +
+    the K revealed tokens; prefill: d filled by begin, then n_tokens revealed ones)."""
 
     phase: Phase
     depth: int
     n_tokens: int  # decode: tokens generated; prefill: prompt tokens ingested
     prompt_ids: tuple[int, ...]  # exactly known_len ids, what begin() may see (() for a reference tool's)
+    reveal: int = 1  # decode: K, the prompt's last tokens revealed when the clock starts (prefill: unused)
 
     def __post_init__(self) -> None:
         if self.phase not in ("decode", "prefill"):
             raise ValueError(f"phase must be decode or prefill, not {self.phase!r}")
         if self.depth < 0 or self.n_tokens <= 0:
             raise ValueError("depth must be >= 0 and n_tokens > 0")
+        if self.reveal < 1:
+            raise ValueError(f"reveal must be >= 1, not {self.reveal}")
         # no prompt ids: a reference tool's workload (llama-bench makes its own tokens; depth 0 decode is fine)
-        if self.prompt_ids and self.phase == "decode" and self.depth < 1:
-            raise ValueError("a decode workload with a prompt needs depth >= 1: the token at position depth-1 "
-                             "is revealed at the start of the clock")
+        if self.prompt_ids and self.phase == "decode" and self.depth < self.reveal:
+            raise ValueError(f"a decode workload with a prompt needs depth >= {self.reveal}: the tokens at positions "
+                             f"depth-{self.reveal}..depth-1 are revealed at the start of the clock")
         if self.prompt_ids and len(self.prompt_ids) != self.known_len:
             raise ValueError(f"a {self.phase} workload at depth {self.depth} gives begin() exactly "
                              f"{self.known_len} prompt ids, not {len(self.prompt_ids)} (the rest is revealed "
@@ -206,13 +220,13 @@ class Workload:
 
     @property
     def known_len(self) -> int:
-        """Prompt ids begin() gets: decode prompt[:depth-1], prefill prompt[:depth]."""
-        return self.depth - 1 if self.phase == "decode" else self.depth
+        """Prompt ids begin() gets: decode prompt[:depth-K], prefill prompt[:depth]."""
+        return self.depth - self.reveal if self.phase == "decode" else self.depth
 
     @property
     def reveal_len(self) -> int:
-        """Ids step() gets at the start of the clock: decode 1, prefill n_tokens."""
-        return 1 if self.phase == "decode" else self.n_tokens
+        """Ids step() gets at the start of the clock: decode K (``reveal``), prefill n_tokens."""
+        return self.reveal if self.phase == "decode" else self.n_tokens
 
     @property
     def output_len(self) -> int:
@@ -220,18 +234,50 @@ class Workload:
         return self.n_tokens if self.phase == "decode" else 1
 
     @classmethod
-    def split(cls, phase: Phase, depth: int, n_tokens: int,
-              prompt: tuple[int, ...] | list[int]) -> tuple["Workload", tuple[int, ...]]:
-        """(the workload begin() sees, the ids revealed to step()) of a full prompt."""
-        if phase == "decode" and depth < 1:
-            raise ValueError("decode at depth 0 reveals nothing: the token at position depth-1 is the secret")
-        known = depth - 1 if phase == "decode" else depth
-        reveal = 1 if phase == "decode" else n_tokens
+    def split(cls, phase: Phase, depth: int, n_tokens: int, prompt: tuple[int, ...] | list[int],
+              reveal: int = 1) -> tuple["Workload", tuple[int, ...]]:
+        """(the workload begin() sees, the ids revealed to step()) of a full prompt; `reveal`: a decode's K."""
+        if phase == "decode" and depth < max(1, reveal):
+            raise ValueError(f"decode at depth {depth} cannot reveal {reveal} token(s): the tokens at positions "
+                             f"depth-{reveal}..depth-1 are the secret")
+        known = depth - reveal if phase == "decode" else depth
+        n_reveal = reveal if phase == "decode" else n_tokens
         ids = tuple(int(x) for x in prompt)
-        if len(ids) < known + reveal:
-            raise ValueError(f"{phase} at depth {depth} with {n_tokens} tokens needs {known + reveal} prompt ids, "
+        if len(ids) < known + n_reveal:
+            raise ValueError(f"{phase} at depth {depth} with {n_tokens} tokens needs {known + n_reveal} prompt ids, "
                              f"got {len(ids)}")
-        return cls(phase, depth, n_tokens, ids[:known]), ids[known:known + reveal]
+        return cls(phase, depth, n_tokens, ids[:known], reveal if phase == "decode" else 1), \
+            ids[known:known + n_reveal]
+
+
+@dataclass
+class StepOutput:
+    """What step() returns (contract 3): the output ids and, per id, the natural-log softmax probability of that
+    id under the logits row whose argmax it is (f32 on the device, inside the timed part). Decode: n_tokens of
+    each; prefill: one (the greedy next token). None: an engine of an older contract (no log-probs)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+def as_step_output(out: Any) -> StepOutput:
+    """step()'s return value as a StepOutput: a contract-3 StepOutput as it is, a bare id list (contracts 1-2)
+    without log-probs. Anything else is an EngineError."""
+    from .errors import EngineError
+
+    if isinstance(out, StepOutput):
+        ids, lps = out.token_ids, out.logprobs
+    elif isinstance(out, (list, tuple)):
+        ids, lps = out, None
+    else:
+        raise EngineError(f"step() returned {type(out).__name__}, not a StepOutput or a list of token ids",
+                          "return scoreboard.engine.StepOutput(token_ids, logprobs)")
+    try:
+        tokens = [int(x) for x in ids]
+        probs = None if lps is None else [float(x) for x in lps]
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"step() returned ids or log-probs that are not numbers: {exc}") from None
+    return StepOutput(tokens, probs)
 
 
 @dataclass
@@ -265,8 +311,14 @@ class Engine(abc.ABC):
     def begin(self, prepared: Prepared, workload: Workload) -> Any:
         raise NotImplementedError(f"engine {self.name!r} is not harness-clocked")
 
-    def step(self, prepared: Prepared, state: Any, revealed: tuple[int, ...]) -> list[int]:
+    def step(self, prepared: Prepared, state: Any, revealed: tuple[int, ...]) -> StepOutput:
         raise NotImplementedError(f"engine {self.name!r} is not harness-clocked")
+
+    def step_logits(self, prepared: Prepared) -> np.ndarray:
+        """float32 [len(last step's token_ids), vocab]: the full logits rows of the last step() (decode: row i
+        is the row whose argmax is token_ids[i]; prefill: the last position's row). Untimed: the gate's checked
+        run calls it right after step()."""
+        raise NotImplementedError(f"engine {self.name!r} keeps no logits rows of its last step")
 
     def synchronize(self, prepared: Prepared) -> None:
         return None

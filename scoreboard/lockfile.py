@@ -202,6 +202,10 @@ class GatePolicy(_Model):
     # the noise floor's second precision ("" = derived: float64 on cpu; on cuda float16, or float32 when
     # the candidate itself computes in a 16-bit dtype)
     noise_dtype: Literal["", "float64", "float32", "float16", "bfloat16"] = ""
+    # nats: a timed rep's per-token log-probs may differ from the checked run's of the same variant by at most this
+    # (the same engine on the same inputs; a path taken only when timed moves them far more), and a step's
+    # log-probs from its own logits rows' (the engine's arithmetic vs the harness's float64)
+    logprob_tol: float = Field(default=1e-3, gt=0)
 
     @model_validator(mode="after")
     def _bars(self) -> "GatePolicy":
@@ -239,6 +243,9 @@ class SpeedPolicy(_Model):
     # warn when the reference arm lands more than this fraction away from its own baseline slot: the box is
     # not what it was (load, thermal state, another tenant), so every ratio measured on it is suspect
     reference_drift_max: float = Field(default=0.25, gt=0)
+    # the secret each decode rep reveals when its clock starts, in bits: the prompt's last K tokens, K the fewest
+    # normal tokens that hold it (scoreboard.round.reveal), so no untimed begin() can enumerate the continuations
+    reveal_bits: int = Field(default=40, ge=1, le=256)
 
 
 class FitPolicy(_Model):
@@ -278,6 +285,10 @@ class Target(_Model):
     device: Literal["cpu", "cuda"]
     geometry: dict[str, int]
     metrics: Tuple[Metric] = Field(min_length=1)
+    # the decode depths a user of the target cares about (its depth profile): each one not already a decode metric
+    # becomes a decode guard of the scored decode's n_tokens, measured for every arm in the same interleaved blocks,
+    # so a gain at one depth cannot hide a loss at another
+    profile_depths: Tuple[int] = ()
     gate: GatePolicy
     tiers: TierPolicy
     speed: SpeedPolicy
@@ -306,6 +317,22 @@ class Target(_Model):
             raise ValueError(f"exactly one metric must have role = 'scored', found {len(scored)}")
         if scored[0].phase == "decode" and scored[0].depth not in self.gate.depths:
             raise ValueError(f"gate.depths {list(self.gate.depths)} must include the scored depth {scored[0].depth}")
+        keys = [(m.phase, m.depth) for m in self.metrics]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"metrics {keys}: two metrics of one phase at one depth")
+        if self.profile_depths:
+            if scored[0].phase != "decode":
+                raise ValueError("profile_depths needs a decode scored metric (its n_tokens at every depth)")
+            bad = [d for d in self.profile_depths if d < 1 or d + scored[0].n_tokens > self.geometry.get("n_ctx", 0)]
+            if bad or len(set(self.profile_depths)) != len(self.profile_depths):
+                raise ValueError(f"profile_depths {list(self.profile_depths)}: each depth once, >= 1, with its "
+                                 f"{scored[0].n_tokens} decoded tokens within geometry.n_ctx")
+            have = {m.depth for m in self.metrics if m.phase == "decode"}
+            extra = [Metric(phase="decode", depth=d, n_tokens=scored[0].n_tokens, role="guard")
+                     for d in sorted(self.profile_depths) if d not in have]
+            # decode metrics by depth, then the rest: every launch runs the deepest prefix last
+            decode = sorted([m for m in self.metrics if m.phase == "decode"] + extra, key=lambda m: m.depth)
+            object.__setattr__(self, "metrics", tuple(decode + [m for m in self.metrics if m.phase != "decode"]))
         return self
 
     @property

@@ -179,7 +179,7 @@ def test_a_process_left_behind_dies_with_the_launch(tmp_path):
 
 
 def test_a_forged_message_in_the_fifo_ends_the_session_with_an_error(tmp_path):
-    with pytest.raises(EngineError, match="protocol 'scoreboard-clock/0', expected 'scoreboard-clock/1'"):
+    with pytest.raises(EngineError, match="protocol 'scoreboard-clock/0', expected 'scoreboard-clock/2'"):
         _timed(_tree(tmp_path, "forge_message"), tmp_path)
 
 
@@ -224,8 +224,13 @@ def test_workload_withholds_the_secret_part():
     assert w.prompt_ids == (1, 2) and revealed == (3, 4, 5) and w.output_len == 1
     with pytest.raises(ValueError, match="exactly 3 prompt ids"):
         Workload("decode", 4, 3, (1, 2, 3, 9))
-    with pytest.raises(ValueError, match="depth 0 reveals nothing"):
+    with pytest.raises(ValueError, match="decode at depth 0 cannot reveal 1 token"):
         Workload.split("decode", 0, 3, (1, 2))
+    # K revealed tokens: begin() sees depth - K, step() the K
+    w, revealed = Workload.split("decode", 5, 2, (1, 2, 3, 9, 8, 7), reveal=3)
+    assert w.prompt_ids == (1, 2) and revealed == (3, 9, 8) and w.reveal_len == 3 and w.known_len == 2
+    with pytest.raises(ValueError, match="needs depth >= 3"):
+        Workload("decode", 2, 1, (1,), reveal=3)
 
 
 def test_ceiling_refuses_a_rate_above_the_bound():
@@ -234,6 +239,20 @@ def test_ceiling_refuses_a_rate_above_the_bound():
     assert "above the physical ceiling" in implausible(ceiling, "decode", 32, [40_000_000, 31_000_000])
     assert implausible(ceiling, "prefill", 32, [1]) is None  # no prefill bound
     assert implausible(None, "decode", 32, [1]) is None
+
+
+def test_the_ceiling_at_depth_counts_the_cache_rows_a_token_attends_over():
+    """At depth d a decoded token reads d latent rows of every MLA layer too (one byte per value at least): a
+    rate honest at depth 0 is impossible at depth 10^6 on the same box."""
+    from scoreboard.ceiling import max_tok_s_at
+
+    ceiling = {"memory_bandwidth_gbs": 1, "devices": 1, "decode_bytes_per_token": 10**6,
+               "kv_floor_bytes_per_row": 1000, "kv_bytes_per_row_f16": 2000}
+    assert max_tok_s_at(ceiling, 0) == 1000.0 and max_tok_s_at(ceiling, 1000) == 500.0
+    assert max_tok_s_at(ceiling, 1000, f16_kv=True) == pytest.approx(1e9 / 3e6)
+    assert implausible(ceiling, "decode", 32, [40_000_000]) is None  # 800 tok/s at depth 0
+    why = implausible(ceiling, "decode", 32, [40_000_000], depth=1000)
+    assert "above the physical ceiling 500 tok/s" in why and "1,000,000 B of cache rows at depth 1000" in why
 
 
 def test_the_k3_mini_ceiling_counts_active_weights_only(lock_path):

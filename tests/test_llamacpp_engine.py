@@ -81,14 +81,17 @@ def test_logits_bad_requests_are_input_errors(prepared):
 
 def test_timed_decode_at_depth_and_prefill_report_raw_samples(prepared):
     engine, _target, p = prepared
-    decode = Workload(phase="decode", depth=64, n_tokens=8, prompt_ids=())
+    # decode at depth 64 revealing 5 tokens: 59 in the cache untimed, then the 5 ingested and 8 generated, timed
+    decode = Workload(phase="decode", depth=64, n_tokens=8, prompt_ids=(), reveal=5)
     reps = engine.timed(p, decode, 3)
     assert len(reps) == 3 and all(r.ns > 0 and r.n_tokens == 8 and r.clock == "reference-tool" for r in reps)
     cmd = reps[0].command
-    assert cmd[cmd.index("-p") + 1] == "0" and cmd[cmd.index("-n") + 1] == "8" and cmd[cmd.index("-d") + 1] == "64"
+    assert cmd[cmd.index("-p") + 1] == "0" and cmd[cmd.index("-n") + 1] == "0" and cmd[cmd.index("-d") + 1] == "59"
+    assert cmd[cmd.index("-pg") + 1] == "5,8"
     assert cmd[cmd.index("-r") + 1] == "3" and cmd[cmd.index("-ub") + 1] == "128" and "-o" in cmd
     rec = p.handle.last_record
-    assert [r.ns for r in reps] == rec["samples_ns"] and rec["n_depth"] == 64
+    assert [r.ns for r in reps] == rec["samples_ns"] and rec["n_depth"] == 59
+    assert rec["n_prompt"] == 5 and rec["n_gen"] == 8
     assert rec["build_commit"] == p.handle.build.manifest["build_commit"]
 
     prefill = Workload(phase="prefill", depth=32, n_tokens=128, prompt_ids=())
@@ -118,10 +121,10 @@ def test_split_mode_reaches_both_tools_and_is_checked(prepared):
 
 
 def test_bench_output_that_does_not_match_the_request_is_refused():
-    w = Workload(phase="decode", depth=64, n_tokens=8, prompt_ids=())
+    w = Workload(phase="decode", depth=65, n_tokens=8, prompt_ids=())  # reveals 1: 64 untimed, then 1 + 8 timed
     g = Geometry(n_ctx=2048, n_batch=512, n_ubatch=128, n_threads=2)
     s = bench.RunSettings(threads=2, flash_attn=1, n_gpu_layers=0)
-    rec = {"n_prompt": 0, "n_gen": 8, "n_depth": 64, "n_batch": 512, "n_ubatch": 128, "n_threads": 2,
+    rec = {"n_prompt": 1, "n_gen": 8, "n_depth": 64, "n_batch": 512, "n_ubatch": 128, "n_threads": 2,
            "flash_attn": 1, "n_gpu_layers": 0, "split_mode": "layer", "build_commit": "abc", "samples_ns": [5, 6],
            "avg_ts": 1e9}
     import json

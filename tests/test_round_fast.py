@@ -270,3 +270,47 @@ def test_a_rounds_sealed_receipt_keeps_the_golden_key_set_types_and_gate(kind, l
     assert out.receipt == {k: v for k, v in sealed.items() if k != "seal"}  # the outcome is the sealed body
     # tiers scores the parsed Receipt to the verdict the round scored from its typed sections
     assert verdict_from_receipt(parse_receipt(sealed)).as_dict() == sealed["verdict"]
+
+
+def test_a_path_taken_only_when_timed_is_rejected_even_when_its_tokens_agree(lock, candidate_repo, cache, tmp_path):
+    """A candidate that computes a cheaper, slightly wrong step only when the clock's FIFOs exist (an expert
+    dropped, say) gives the honest greedy ids, so a check of tokens alone passes it; its timed log-probs are
+    not the checked run's, and the round REJECTs it."""
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate_options={"mode": "lossy_when_timed"})
+    r = out.receipt
+    assert r["status"] == "verdict" and r["gate"]["pass"], (r["aborted"], r["gate"]["reasons"])
+    dec = next(m for m in r["speed"]["metrics"] if m["phase"] == "decode")
+    want = r["gate"]["checked"][f"decode@{dec['depth']}"]["outputs"]
+    blocks = dec["arms"]["candidate"]["blocks"]
+    assert all(ids == want[v] for b in blocks for v, ids in zip(b["variants"], b["token_ids"]))  # tokens agree
+    assert not dec["timed_output_ok"] and dec["timed_logprob_dev"] > 1e-2, dec["timed_logprob_dev"]
+    assert r["verdict"]["label"] == "REJECT" and out.exit_code == 2, r["verdict"]
+    assert any("timed outputs differ from the checked run" in x for x in r["verdict"]["reasons"]), r["verdict"]
+
+
+def test_a_decode_only_bug_is_caught_by_the_decode_paths_own_logits(lock, candidate_repo, cache, tmp_path):
+    """A decode step whose logits are wrong while every argmax is right (here: the right rows x 1.5; on the GPU a
+    one-token MLA step whose mask dropped the token's own key passed a gate of prefill logits with KL 9.5e-11):
+    the prefill logits pass, the greedy ids agree with the reference, and the gate still fails on the rows the
+    decode step itself produced, at the decode metric's depth."""
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate_options={"mode": "decode_scaled"})
+    r = out.receipt
+    g = r["gate"]
+    assert all(d["pass"] for d in g["depths"]) and all(c["pass"] for c in g["greedy_check"]), g
+    path = g["decode_path"]
+    assert [p["metric"] for p in path] == ["decode@64"] and not path[0]["pass"], path
+    assert not g["pass"] and any(x.startswith("decode path gate depth 64: KL mean") for x in g["reasons"]), g["reasons"]
+    assert r["verdict"]["label"] == "REJECT" and r["speed"] is None and out.exit_code == 2
+
+
+def test_a_decode_reveals_at_least_40_bits(lock, candidate_repo, cache, tmp_path):
+    """One revealed token of a ~500-token vocabulary could be enumerated in an untimed begin(): every decode
+    variant reveals the prompt's last K tokens, K the fewest that hold speed.reveal_bits (40) bits, and the
+    workload begin() saw held only the first depth - K."""
+    out = _round(lock, candidate_repo, cache, tmp_path, gate_only=True)
+    g = out.receipt["gate"]
+    dec = g["checked"]["decode@64"]
+    k = dec["reveal_len"]
+    assert k >= 2 and dec["reveal_bits"] >= 40 and all(len(v) == k for v in dec["revealed"]), dec
+    assert dec["known_len"] == 64 - k
+    assert len({tuple(v) for v in dec["revealed"]}) == len(dec["revealed"])

@@ -67,9 +67,9 @@ def test_a_result_round_trips():
 
 
 def test_another_version_is_refused_by_its_field():
-    text = json.dumps({**json.loads(encode(_request(LogitsOp(requests=())))), "protocol": "scoreboard-worker/2"})
-    with pytest.raises(ProtocolError, match=r"^worker request\.protocol: 'scoreboard-worker/2', this harness speaks "
-                                            r"'scoreboard-worker/1'$"):
+    text = json.dumps({**json.loads(encode(_request(LogitsOp(requests=())))), "protocol": "scoreboard-worker/1"})
+    with pytest.raises(ProtocolError, match=r"^worker request\.protocol: 'scoreboard-worker/1', this harness speaks "
+                                            r"'scoreboard-worker/2'$"):
         decode_request(text)
     with pytest.raises(ProtocolError, match=r"^worker result\.protocol: None, this harness speaks"):
         decode_result('{"ok": true}')  # an unversioned (pre-protocol) result

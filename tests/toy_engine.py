@@ -9,7 +9,10 @@ the registry's entry point "engines.toy.engine:ToyEngine" (tests/test_round_fast
 
 The candidate's `mode` option picks a behaviour: "ok", "wrong_logits" (logits of another model, its
 outputs still self-consistent), "raise_in_prepare" (an engine bug), "exit_in_prepare" (the process dies
-without a result) and "forge_result" (the process writes a malformed result file and exits).
+without a result), "forge_result" (the process writes a malformed result file and exits), "lossy_when_timed"
+(a cheaper, slightly wrong step taken only when the clock's FIFOs are there: its greedy ids are the honest
+ones, its log-probs are not) and "decode_scaled" (a decode-only bug: the one-token step's logits are the right
+ones times 1.5, so every argmax, and so every greedy id, is right while the rows are not).
 A tree that holds `engines/toy/VARY` (a commit's own file, not an option: options are the target's, the same
 for every arm) decodes differently on every other launch: "last" flips a decode's last token (a run-dependent
 sum order that moves one argmax), "all" flips every token (a broken commit).
@@ -27,7 +30,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from scoreboard.engine import Engine, EngineIdentity, LogitsResult, Prepared, Rep
+from scoreboard.engine import Engine, EngineIdentity, LogitsResult, Prepared, Rep, StepOutput
 
 VOCAB = 64
 _LAUNCH = 0  # this process's launch number among the launches of its tree (VARY only)
@@ -37,7 +40,8 @@ STEP_S = 0.002  # per forward: a rate well under any ceiling, and samples a real
 class ToyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # path_by_launch: the engine picks its code path at start-up and says so in its identity (here: by pid)
-    mode: Literal["ok", "wrong_logits", "raise_in_prepare", "exit_in_prepare", "forge_result", "path_by_launch"] = "ok"
+    mode: Literal["ok", "wrong_logits", "raise_in_prepare", "exit_in_prepare", "forge_result", "path_by_launch",
+                  "lossy_when_timed", "decode_scaled"] = "ok"
 
 
 def row(prefix: tuple[int, ...] | list[int], salt: bytes = b"") -> np.ndarray:
@@ -92,13 +96,15 @@ class ToyEngine(Engine):
         if mode == "exit_in_prepare":
             os._exit(7)
         if mode == "forge_result":  # the worker's argv: REQUEST.json RESULT.json
-            Path(sys.argv[2]).write_text('{"protocol": "scoreboard-worker/1", "ok": true, "rank": "zero"}')
+            Path(sys.argv[2]).write_text('{"protocol": "scoreboard-worker/2", "ok": true, "rank": "zero"}')
             os._exit(0)
         ident = self.describe(target)
         _count_launch()
         if mode == "path_by_launch":
             ident = EngineIdentity(engine=ident.engine, version=ident.version, source=ident.source,
                                    device=ident.device, extra={**ident.extra, "pid": os.getpid()})
+        self.mode = mode
+        self.rows: np.ndarray = np.zeros((0, VOCAB), np.float32)
         return Prepared(ident, handle=b"wrong" if mode == "wrong_logits" else b"")
 
     def logits(self, prepared, request):
@@ -111,17 +117,39 @@ class ToyEngine(Engine):
         seq, workload = list(state[0]) + list(revealed), state[1]
         if workload.phase == "prefill":
             time.sleep(STEP_S)
-            return [int(np.argmax(row(seq, prepared.handle)))]
+            rows = [self._row(seq, prepared.handle)]
+            return self._output(rows, [int(np.argmax(rows[0]))])
         vary = _vary()
-        out = []
+        out, rows = [], []
         for k in range(workload.n_tokens):
             time.sleep(STEP_S)
-            tok = int(np.argmax(row(seq, prepared.handle)))
+            r = self._row(seq, prepared.handle)
+            if self.mode == "decode_scaled":
+                r = r * np.float32(1.5)
+            tok = int(np.argmax(r))
             if _LAUNCH % 2 and (vary == "all" or (vary == "last" and k == workload.n_tokens - 1)):
                 tok = (tok + 1) % VOCAB
             out.append(tok)
+            rows.append(r)
             seq.append(tok)
-        return out
+        return self._output(rows, out)
+
+    def _row(self, seq: list[int], salt: bytes) -> np.ndarray:
+        r = row(seq, salt)
+        if self.mode == "lossy_when_timed" and os.path.exists("clock.to-worker"):  # only under the clock
+            top = int(np.argmax(r))
+            r = r * np.float32(0.9)
+            r[top] = r[top] / np.float32(0.9)  # the argmax stays where it was: the greedy ids agree
+        return r
+
+    def _output(self, rows: list[np.ndarray], ids: list[int]) -> StepOutput:
+        self.rows = np.stack(rows).astype(np.float32)
+        z = self.rows.astype(np.float64)
+        lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+        return StepOutput(ids, [float(z[i, t] - lse[i]) for i, t in enumerate(ids)])
+
+    def step_logits(self, prepared):
+        return self.rows
 
 
 def _vary() -> str:

@@ -1,7 +1,9 @@
 """llama-bench driver: the reference's own clock. Builds the exact command, runs it, parses `-o json` strictly.
 
-Depth semantics (-p/-n is not -d): decode at depth D is ``-p 0 -n N -d D`` (D tokens really in the KV cache, filled
-untimed, then N tokens generated and timed); prefill is ``-p N -n 0 -d D``. Rates are never read from the tool
+Depth semantics (-p/-n is not -d): decode at depth D revealing K tokens is ``-p 0 -n 0 -pg K,N -d D-K`` (D-K tokens
+really in the KV cache, filled untimed and restored from llama-bench's saved state for every rep after the first,
+then the K revealed tokens ingested and N tokens generated, timed together: the same region the harness times a
+candidate over, from the reveal to the last output); prefill is ``-p N -n 0 -d D``. Rates are never read from the tool
 (`avg_ts` is a mean of per-rep rates): each raw `samples_ns` entry becomes one Rep with its token count.
 llama-bench feeds random token ids, so a Rep carries no generated ids. Its own single warm-up run (default) is
 not part of `samples_ns`; the harness's warm-up reps are separate calls.
@@ -58,10 +60,21 @@ def bench_command(llama_bench: Path, model: Path, workload: Workload, geometry: 
     """The exact argv for one workload; -d carries the depth, -p/-n the timed part only."""
     if reps < 1:
         raise EngineError(f"llama-bench needs reps >= 1, got {reps}")
-    n_prompt, n_gen = (0, workload.n_tokens) if workload.phase == "decode" else (workload.n_tokens, 0)
-    return [str(llama_bench), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-d", str(workload.depth),
-            "-r", str(reps), "-b", str(geometry.n_batch), "-ub", str(geometry.n_ubatch), *settings.bench_flags(),
-            "-o", "json"]
+    if workload.phase == "decode":
+        n_prompt, n_gen, n_depth = bench_shape(workload)
+        shape = ["-p", "0", "-n", "0", "-pg", f"{n_prompt},{n_gen}", "-d", str(n_depth)]
+    else:
+        shape = ["-p", str(workload.n_tokens), "-n", "0", "-d", str(workload.depth)]
+    return [str(llama_bench), "-m", str(model), *shape, "-r", str(reps), "-b", str(geometry.n_batch), "-ub",
+            str(geometry.n_ubatch), *settings.bench_flags(), "-o", "json"]
+
+
+def bench_shape(workload: Workload) -> tuple[int, int, int]:
+    """(n_prompt, n_gen, n_depth) the one llama-bench test record of a workload must report."""
+    if workload.phase == "decode":  # K revealed tokens (none at depth 0: nothing is in the cache to reveal)
+        k = min(workload.reveal, workload.depth)
+        return k, workload.n_tokens, workload.depth - k
+    return workload.n_tokens, 0, workload.depth
 
 
 def parse_bench_json(stdout: str, workload: Workload, geometry: Geometry, settings: RunSettings, reps: int,
@@ -75,8 +88,8 @@ def parse_bench_json(stdout: str, workload: Workload, geometry: Geometry, settin
         raise EngineError(f"{where}: expected exactly one test record, got {type(data).__name__} "
                           f"of {len(data) if isinstance(data, list) else '?'}")
     rec = data[0]
-    n_prompt, n_gen = (0, workload.n_tokens) if workload.phase == "decode" else (workload.n_tokens, 0)
-    want = {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": workload.depth, "n_batch": geometry.n_batch,
+    n_prompt, n_gen, n_depth = bench_shape(workload)
+    want = {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth, "n_batch": geometry.n_batch,
             "n_ubatch": geometry.n_ubatch, "n_threads": settings.threads, "flash_attn": settings.flash_attn,
             "n_gpu_layers": settings.n_gpu_layers, "split_mode": settings.split_mode, "build_commit": build_commit}
     bad = [f"{k}={rec.get(k)!r} (asked {v!r})" for k, v in want.items() if rec.get(k) != v]

@@ -9,6 +9,9 @@ Format history (``format_version``, major.minor; docs/receipt-format.md is the r
   1.2 — optional ``notes`` in a same-round arm's ``output_check`` (variants whose outputs varied across
         blocks, each graded by the reference); a comparison arm failing its check or the ceiling flags
         the metric (inconclusive), it no longer REJECTs the candidate.
+  1.3 — a decode reveals K >= 1 tokens (``gate.checked.<metric>.reveal_len``, ``reveal_bits``); per rep, the
+        output's ``logprobs`` in each block; the gate's ``decode_path`` (the checked run's own step rows graded
+        against the reference) and each metric's checked ``logprobs``; a metric's ``timed_logprob_dev``.
 A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
@@ -32,7 +35,7 @@ from ..errors import InputError
 if TYPE_CHECKING:
     from ..lockfile import Target
 
-FORMAT_VERSION = "1.2"
+FORMAT_VERSION = "1.3"
 FORMAT_MAJOR = 1
 
 VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
@@ -146,8 +149,10 @@ class GateRec(_Open):
     greedy_check: list[dict[str, Any]] | None = None  # per checked decode {metric, top1_vs_reference, ...}
     prefill_check: list[dict[str, Any]] | None = None  # per prefill variant {metric, token, reference_token, ...}
     checked_distinct: dict[str, int] | None = None  # per metric: how many variants' outputs differ
+    # 1.3: per decode metric, the checked run's own step rows graded against the reference's (depth, rows, KL, top-1)
+    decode_path: list[dict[str, Any]] | None = None
     _OPTIONAL_KEYS = frozenset({"worst", "prompt", "ratchet_round", "geometry", "checked", "greedy", "greedy_check",
-                                "prefill_check", "checked_distinct"})
+                                "prefill_check", "checked_distinct", "decode_path"})
 
 
 class Block(_Open):
@@ -160,7 +165,9 @@ class Block(_Open):
     variants: list[Any] | None = None  # per rep: the index of the prompt variant it ran
     worker_ns: list[Any] | None = None  # per rep: the worker's own reading (ns), beside the harness's
     clock: str | None = None  # "harness" (the parent's clock around the handshake) | "reference-tool"
-    _OPTIONAL_KEYS = frozenset({"variants", "worker_ns", "clock"})
+    # 1.3: per rep, the output ids' log-probs the engine computed in the timed step (None: an older contract's)
+    logprobs: list[list[float] | None] | None = None
+    _OPTIONAL_KEYS = frozenset({"variants", "worker_ns", "clock", "logprobs"})
 
     @model_validator(mode="after")
     def _samples(self) -> "Block":
@@ -199,7 +206,9 @@ class SpeedMetric(_Open):
     timed_output_ok: bool
     frontier: float | int | None = None  # tok/s: the candidate slot as read at round start (int kept as written)
     plausible: bool | None = None  # no candidate-side arm above the physical ceiling
-    _OPTIONAL_KEYS = frozenset({"frontier", "plausible"})
+    # 1.3: the largest |timed - checked| log-prob (nats) over the candidate's timed reps (None: none to compare)
+    timed_logprob_dev: float | None = None
+    _OPTIONAL_KEYS = frozenset({"frontier", "plausible", "timed_logprob_dev"})
 
     @field_validator("arms")
     @classmethod

@@ -142,6 +142,7 @@ class WorkerClient:
             out.append({"block": block if block is not None else -1, "samples_ns": [x.ns for x in reps_],
                         "n_tokens": [var.workload.n_tokens for _ in reps_], "token_ids": [x.token_ids for x in reps_],
                         "variants": [x.variant for x in reps_], "worker_ns": [x.worker_ns for x in reps_],
+                        "logprobs": [x.logprobs for x in reps_],
                         "wall_ns": wall, "command": run.base_command, "clock": "harness"})
         return out
 

@@ -16,11 +16,12 @@ contract and bench scripts; a round never uses it as a measurement.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from ..engine import Engine, Prepared, Rep, Workload
+from ..engine import Engine, Prepared, Rep, Workload, as_step_output
 from ..errors import EngineError
 from ..worker.handshake import ParentChannel, decode, encode
 
@@ -36,6 +37,7 @@ class ClockedRep:
     token_ids: list[int]
     worker_ns: int | None = None  # the worker's own reading: a cross-check, never a sample
     warmup: bool = False
+    logprobs: list[float] | None = None  # per output id, as the engine computed it in the timed step
 
 
 @dataclass
@@ -76,10 +78,23 @@ def run_session(channel: ParentChannel, plan: SessionPlan, clock: Clock = time.p
             wns = body.get("worker_ns")
             reps.append(ClockedRep(t1 - t0, variant, [int(x) for x in ids],
                                    int(wns) if isinstance(wns, int) and not isinstance(wns, bool) else None,
-                                   warmup=j < plan.warmup))
+                                   warmup=j < plan.warmup, logprobs=_logprobs(body.get("logprobs"), len(ids), w, j)))
         out.append([r for r in reps if not r.warmup])
     channel.send(encode("bye"))
     return out
+
+
+def _logprobs(value: Any, n: int, w: Workload, j: int) -> list[float] | None:
+    """The output's log-probs: None (an engine of an older contract) or n finite floats <= 0 (EngineError
+    naming what is wrong otherwise)."""
+    if value is None:
+        return None
+    ok = isinstance(value, list) and len(value) == n and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x <= 1e-6 for x in value)
+    if not ok:
+        raise EngineError(f"timed {w.phase} rep {j}: the output's logprobs are not {n} finite log-probabilities "
+                          f"(<= 0): {value!r:.120}", "return one log-softmax value per output id, or none")
+    return [float(x) for x in value]
 
 
 def in_process_reps(engine: Engine, prepared: Prepared, workload: Workload, reveals: Sequence[tuple[int, ...]],
@@ -97,7 +112,7 @@ def in_process_reps(engine: Engine, prepared: Prepared, workload: Workload, reve
         if barrier is not None:
             barrier()
         t0 = clock()
-        ids = list(engine.step(prepared, state, tuple(revealed)))
+        ids = as_step_output(engine.step(prepared, state, tuple(revealed))).token_ids
         engine.synchronize(prepared)
         if barrier is not None:
             barrier()

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from .. import environment, registry
 from ..engine import LogitsRequest
 from ..errors import EngineError, InputError
-from ..gate import GateResult, gate_positions, grade_depth, top1_ok
+from ..gate import GateResult, gate_positions, grade_depth, log_softmax64, top1_ok
 from ..history.held import History
 from ..history.receipt import Arm as ArmRec
 from ..history.receipt import (Block, FitRec, FrontierArmRec, GateRec, HandshakeRec, OutputCheck, ReferenceSide,
@@ -160,13 +160,17 @@ class GateStage:
         self.n_variants = t.speed.warmup_reps + (ctx.reps or t.speed.reps)
         try:
             self.variants: list[Variants] = [
-                metric_variants(tok, self.prompt.token_ids, m.phase, m.depth, m.n_tokens, self.n_variants, ctx.seed)
+                metric_variants(tok, self.prompt.token_ids, m.phase, m.depth, m.n_tokens, self.n_variants, ctx.seed,
+                                t.speed.reveal_bits)
                 for m in t.metrics]
         except ValueError as exc:
             raise InputError(f"targets.{ctx.target_id}.metrics: {exc}",
-                             "decode metrics need depth >= 1 (the token at depth-1 is revealed when the clock starts)"
+                             "a decode metric's depth must hold its revealed tokens (speed.reveal_bits of secret)"
                              ) from None
         self.checked: dict[str, list[list[int]]] = {}  # metric -> the checked output of each variant
+        self.checked_lp: dict[str, list[list[float]]] = {}  # metric -> the checked output's log-probs per variant
+        # (metric, variant) -> the reference's logits at the variant's generated positions (teacher-forced)
+        self.ref_rows: dict[tuple[str, int], np.ndarray] = {}
         self.ref_next: dict[str, list[int]] = {}  # prefill metric -> the reference's next token per variant
         self.graded: dict[tuple[str, int, tuple[int, ...]], bool] = {}  # (metric, variant, output) -> vs reference
 
@@ -231,14 +235,16 @@ class GateStage:
         greedy_check: list[dict[str, Any]] = []
         prefill_check: list[dict[str, Any]] = []
         failed: list[str] = []
-        for var, outs in zip(self.variants, outputs):
+        path_files = res.checked_logits or [[None] * len(v.reveals) for v in self.variants]
+        path_lps = res.checked_logprobs or [[None] * len(v.reveals) for v in self.variants]
+        decode_path: list[dict[str, Any]] = []
+        for var, outs, lps, files in zip(self.variants, outputs, path_lps, path_files):
             w = var.workload
             if len(outs) != len(var.reveals) or any(len(o) != w.output_len for o in outs):
                 raise EngineError(f"{var.key}: the checked run returned {[len(o) for o in outs]} ids per variant, "
                                   f"the contract wants {w.output_len} for each of {len(var.reveals)}",
                                   "decode returns n_tokens ids, prefill one (the next token)")
             self.checked[var.key] = [list(map(int, o)) for o in outs]
-            checked[var.key] = {**var.describe(), "outputs": self.checked[var.key]}
             if w.phase == "decode":
                 rows, why = self.judge_decode(var, outs, pol)
                 greedy_check += rows
@@ -246,14 +252,61 @@ class GateStage:
                 rows, why = self.judge_prefill(var, outs, pol)
                 prefill_check += rows
             failed += why
+            path, why = self.judge_path(var, outs, lps, files)
+            failed += why
+            if path is not None:
+                decode_path.append(path)
+            checked[var.key] = {**var.describe(), "outputs": self.checked[var.key],
+                                "logprobs": self.checked_lp.get(var.key)}
         d = result.as_dict()
         return GateRec.model_validate({
             "depths": d["depths"], "worst": d["worst"], "pass": d["pass"] and not failed, "flagged": d["flagged"],
             "reasons": d["reasons"] + failed, "prompt": self.prompt.describe(), "ratchet_round": ratchet_round,
             "geometry": ref.geometry.as_dict(), "checked": checked, "greedy_check": greedy_check,
-            "prefill_check": prefill_check,
+            "prefill_check": prefill_check, "decode_path": decode_path,
             # variants whose outputs coincide could be answered by a replay
             "checked_distinct": {k: len({tuple(o) for o in outs}) for k, outs in self.checked.items()}})
+
+    def judge_path(self, var: Variants, outs: list[list[int]], lps: list[list[float] | None],
+                   files: list[Any]) -> tuple[dict[str, Any] | None, list[str]]:
+        """The checked run's own step: its log-probs must be its logits rows' (what timed reps are held to), and a
+        decode metric's rows are graded against the reference's teacher-forced rows at the same positions, at the
+        metric's depth: the one-token step the timed decode runs is judged, not only the prefill's logits.
+        Returns (the decode path's graded depth or None, failure reasons)."""
+        pol = self.ctx.target.gate
+        key = var.key
+        if any(x is None for x in lps) or any(f is None for f in files):
+            return None, [f"{key}: the checked run's step() returned no log-probs or keeps no logits rows "
+                          "(step_logits): the engine contract 3 asks for both, so the timed path cannot be judged"]
+        rows_all = []
+        for v, (o, lp, f) in enumerate(zip(outs, lps, files)):
+            rows = np.load(f.path)
+            if rows.ndim != 2 or rows.shape[0] != len(o):
+                return None, [f"{key} variant {v}: step_logits gave shape {rows.shape}, the contract wants "
+                              f"[{len(o)}, vocab]"]
+            own = log_softmax64(rows)[np.arange(len(o)), np.asarray(o)]
+            dev = float(np.max(np.abs(own - np.asarray(lp, dtype=np.float64))))
+            if not np.all(np.argmax(rows, axis=-1) == np.asarray(o)) or dev > pol.logprob_tol:
+                return None, [f"{key} variant {v}: the log-probs or ids step() returned are not its own logits "
+                              f"rows' (log-prob deviation {dev:.3g} > logprob_tol {pol.logprob_tol}, or an id is "
+                              "not its row's argmax)"]
+            rows_all.append(rows)
+        self.checked_lp[key] = [list(map(float, lp)) for lp in lps if lp is not None]
+        if var.workload.phase != "decode":
+            return None, []
+        ref = np.concatenate([self.ref_rows[(key, v)] for v in range(len(outs))], 0)
+        cand = np.concatenate(rows_all, 0)
+        d0 = var.workload.depth
+        positions = [d0 - 1 + i for _ in outs for i in range(len(outs[0]))]
+        # at most PATH_ROWS_PER_DEPTH x rows_per_depth rows, evenly spread over every variant's steps (a full
+        # vocabulary's float64 KL over all V x n_tokens rows can take gigabytes)
+        keep = np.unique(np.linspace(0, len(positions) - 1, min(len(positions),
+                                                                 PATH_ROWS_PER_DEPTH * pol.rows_per_depth)).round()
+                         .astype(int))
+        graded = grade_depth(d0, [positions[i] for i in keep], ref[keep], cand[keep], pol).as_dict()
+        graded.pop("positions", None)  # every variant's generated positions: named by the metric instead
+        graded["metric"] = key
+        return graded, [f"decode path {r}" for r in graded.get("reasons", [])]
 
     def judge_decode(self, var: Variants, outs: list[list[int]], pol: Any) -> tuple[list[dict[str, Any]], list[str]]:
         """Each decode variant's greedy tokens teacher-forced through the reference: (rows, failure reasons)."""
@@ -284,13 +337,16 @@ class GateStage:
                       f"variants < top1_min {pol.top1_min}"]
 
     def greedy_agreement(self, var: Variants, v: int, toks: list[int]) -> float:
-        """Teacher-force variant v's greedy tokens through the reference: fraction of argmax matches."""
+        """Teacher-force variant v's greedy tokens through the reference: fraction of argmax matches (the
+        reference's rows are kept for the decode path's grading when the tokens are the checked run's)."""
         geom = self.geometry
         depth = var.workload.depth
         seq = var.full_prompt(v) + tuple(toks[:-1])
         pos = tuple(range(depth - 1, depth - 1 + len(toks)))
         seq = padded(seq, geom.n_ubatch, geom.n_ctx, tuple(self.prompt.token_ids))
         ref = self.reference.logits(LogitsRequest(seq, pos, geom))
+        if list(toks) == self.checked.get(var.key, [None] * (v + 1))[v]:
+            self.ref_rows[(var.key, v)] = np.asarray(ref.logits, dtype=np.float32)
         return float(np.mean(np.argmax(ref.logits, axis=-1) == np.asarray(toks)))
 
     def reference_next(self, var: Variants, v: int) -> int:
@@ -314,6 +370,7 @@ class GateStage:
         return self.graded[key]
 
 
+PATH_ROWS_PER_DEPTH = 4  # the decode path's graded rows per decode metric, in units of gate.rows_per_depth
 SHORT_UBATCH = 64  # llama.cpp takes a less precise KDA path for ubatches under 64 tokens
 
 
@@ -344,7 +401,7 @@ def implausible_arm(ceiling: dict[str, Any] | None, entry: SpeedMetric, arm: str
     from ..ceiling import implausible
 
     samples = [x for b in entry.arms[arm].blocks for x in b.samples_ns]
-    return implausible(ceiling, entry.phase, entry.n_tokens, samples)
+    return implausible(ceiling, entry.phase, entry.n_tokens, samples, entry.depth)
 
 
 def block_rec(rec: Mapping[str, Any], arm: str, metric: str) -> Block:
@@ -424,7 +481,7 @@ class SpeedStage:
         candidate-side arm's fastest reps against the physical ceiling."""
         metrics = []
         for entry, var in zip(speed.metrics, self.gate.variants):
-            arms, timed_ok = self.check_outputs(entry, var)
+            arms, timed_ok, dev = self.check_outputs(entry, var)
             reasons = []
             for arm in self.arms:
                 if arm.is_reference:
@@ -434,28 +491,47 @@ class SpeedStage:
                     arms[arm.name] = arms[arm.name].model_copy(update={"implausible": why})
                     reasons.append(f"{arm.name}: {why}")
             metrics.append(entry.model_copy(update={"arms": arms, "timed_output_ok": timed_ok,
-                                                    "plausible": not reasons}))
+                                                    "timed_logprob_dev": dev, "plausible": not reasons}))
         return speed.model_copy(update={"metrics": metrics})
 
-    def check_outputs(self, entry: SpeedMetric, var: Variants) -> tuple[dict[str, ArmRec], bool]:
+    def check_outputs(self, entry: SpeedMetric, var: Variants) -> tuple[dict[str, ArmRec], bool, float | None]:
         """(the metric's arms with their output checks, whether the candidate's timed outputs equal the gate's
-        checked output of each rep's variant). Another harness-clocked arm (main, frontier: other commits, not
-        graded by this round's gate) must give one output per variant in every block, and that output must
-        pass the reference the way the gate grades the candidate's (teacher-forced top-1 for decode, the
-        reference's next token for prefill; an output equal to the candidate's already-graded one is not
-        graded again)."""
+        checked output of each rep's variant, the largest deviation of a timed rep's log-probs from the checked
+        run's). The candidate's timed reps must reproduce both the checked ids and, within gate.logprob_tol nats,
+        the checked log-probs: a path taken only when timed (an expert dropped, a cache reused) moves the log-probs
+        even where the greedy ids agree. Another harness-clocked arm (main, frontier: other commits, not graded by
+        this round's gate) must give one output per variant in every block, and that output must pass the
+        reference the way the gate grades the candidate's (teacher-forced top-1 for decode, the reference's next
+        token for prefill; an output equal to the candidate's already-graded one is not graded again)."""
         want = self.gate.checked[var.key]
         arms = dict(entry.arms)
         timed_ok = entry.timed_output_ok
+        dev: float | None = None
         for arm in self.arms:
             if arm.is_reference:
                 continue
             blocks = entry.arms[arm.name].blocks
             if arm.name == "candidate":
                 timed_ok = all(ids == want[v] for b in blocks for v, ids in zip(b.variants or [], b.token_ids or []))
+                dev = self.logprob_deviation(blocks, var)
+                timed_ok = timed_ok and dev is not None and dev <= self.ctx.target.gate.logprob_tol
                 continue
             arms[arm.name] = arms[arm.name].model_copy(update={"output_check": self.output_check(blocks, var, want)})
-        return arms, timed_ok
+        return arms, timed_ok, dev
+
+    def logprob_deviation(self, blocks: list[Block], var: Variants) -> float | None:
+        """The largest |timed - checked| log-prob over every timed rep of the candidate (None: a rep, or the
+        checked run, carried none: nothing to hold the timed path to, which fails the check)."""
+        want = self.gate.checked_lp.get(var.key)
+        if not want:
+            return None
+        worst = 0.0
+        for b in blocks:
+            for v, lps in zip(b.variants or [], b.logprobs or [None] * len(b.samples_ns)):
+                if lps is None or len(lps) != len(want[v]):
+                    return None
+                worst = max(worst, float(np.max(np.abs(np.asarray(lps) - np.asarray(want[v])))))
+        return worst
 
     def output_check(self, blocks: list[Block], var: Variants, want: list[list[int]]) -> OutputCheck:
         """A same-round arm's timed outputs, each distinct one graded against the reference. Outputs that vary

@@ -9,12 +9,15 @@ another rep than the one expected ends the session with an error.
     worker -> parent   {"protocol", "type": "ready", "workload": i, "rep": j}   after begin() + synchronize
     parent -> worker   {"protocol", "type": "reveal", "workload": i, "rep": j, "tokens": [...]}
     worker -> parent   {"protocol", "type": "output", "workload": i, "rep": j, "token_ids": [...],
-                        "worker_ns": n}                                     after step() + synchronize
+                        "logprobs": [...] | null, "worker_ns": n}           after step() + synchronize
     parent -> worker   {"protocol", "type": "bye"}                          the session is over
 
 The parent reads ``time.perf_counter_ns`` just before it writes a reveal and again when the output's
 complete line has arrived: those readings are the samples. ``worker_ns`` (the worker's own reading around
-step) is recorded as a cross-check only.
+step) is recorded as a cross-check only. ``logprobs`` (one per output id, the engine's own log-softmax of it,
+computed inside the timed step) is evidence the parent holds against the gate's checked run of the same variant.
+
+History: 1 — the first; 2 — the output carries logprobs.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Callable
 
 from ..errors import EngineError
 
-PROTOCOL = "scoreboard-clock/1"
+PROTOCOL = "scoreboard-clock/2"
 TO_WORKER = "clock.to-worker"
 FROM_WORKER = "clock.from-worker"
 

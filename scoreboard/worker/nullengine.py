@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, LogitsResult, Prepared, Workload
+from ..engine import Engine, EngineIdentity, EngineTarget, LogitsRequest, LogitsResult, Prepared, StepOutput, Workload
 
 NAME = "scoreboard-null"
 
@@ -39,8 +39,9 @@ class NullEngine(Engine):
     def begin(self, prepared: Prepared, workload: Workload) -> Workload:
         return workload
 
-    def step(self, prepared: Prepared, state: Workload, revealed: tuple[int, ...]) -> list[int]:
-        return expected_output(state, revealed)
+    def step(self, prepared: Prepared, state: Workload, revealed: tuple[int, ...]) -> StepOutput:
+        out = expected_output(state, revealed)
+        return StepOutput(out, [0.0] * len(out))
 
 
 def expected_output(workload: Workload, revealed: tuple[int, ...]) -> list[int]:

@@ -12,14 +12,16 @@ Shape (PROTOCOL "scoreboard-worker/1"):
     op: one of TimedOp {kind "timed", workloads, reps}, LogitsOp {kind "logits", requests},
         CheckedOp {kind "checked", checked}, GateOp {kind "gate", requests, checked}
   WorkerResult   {protocol, ok, rank, pid, at_ns} + on success {identity, engine_module, engine_file, ranks,
-                  logits, checked, peak_memory}, on failure {error, hint, transient, traceback}
+                  logits, checked, checked_logprobs, checked_logits, peak_memory},
+                 on failure {error, hint, transient, traceback}
 
 Pydantic (strict, extra fields forbidden) rather than hand-written dataclass checks: every problem comes
 back at once with its path (``op.requests.0.positions.2``), the same way the lock and the receipt report
 theirs, and pydantic is already imported by the worker. Torch-free: the sandboxed worker imports this
 before any engine.
 
-History: 1 — the first versioned pipe (before it: unversioned dicts, same content).
+History: 1 — the first versioned pipe (before it: unversioned dicts, same content); 2 — a workload carries
+its decode reveal length; a checked run returns each variant's per-id log-probs and its step's logits rows.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..engine import EngineTarget, Geometry, Workload
 from ..errors import EngineError
 
-PROTOCOL = "scoreboard-worker/1"
+PROTOCOL = "scoreboard-worker/2"
 
 
 class ProtocolError(EngineError):
@@ -89,14 +91,16 @@ class WireWorkload(_Wire):
     depth: int
     n_tokens: int
     prompt_ids: tuple[int, ...]
+    reveal: int = 1
 
     @classmethod
     def of(cls, w: Workload) -> WireWorkload:
-        return cls(phase=w.phase, depth=int(w.depth), n_tokens=int(w.n_tokens), prompt_ids=tuple(map(int, w.prompt_ids)))
+        return cls(phase=w.phase, depth=int(w.depth), n_tokens=int(w.n_tokens), prompt_ids=tuple(map(int, w.prompt_ids)),
+                   reveal=int(w.reveal))
 
     def workload(self) -> Workload:
         try:
-            return Workload(self.phase, self.depth, self.n_tokens, self.prompt_ids)
+            return Workload(self.phase, self.depth, self.n_tokens, self.prompt_ids, self.reveal)
         except ValueError as exc:
             raise ProtocolError(f"worker request: a workload: {exc}") from None
 
@@ -225,6 +229,10 @@ class WorkerResult(_Wire):
     ranks: list[dict[str, Any]] | None = None  # every rank's fingerprint (multi-rank launches)
     logits: list[LogitsFile] | None = None  # op logits / gate: one per request
     checked: list[list[list[int]]] | None = None  # op checked / gate: per run, per variant, the output ids
+    # per run, per variant: the output ids' log-probs (None: an engine of contract < 3 returned none)
+    checked_logprobs: list[list[list[float] | None]] | None = None
+    # per run, per variant: its step's logits rows, float32 [len(output ids), vocab] (None: not available)
+    checked_logits: list[list[LogitsFile | None]] | None = None
     peak_memory: list[PeakMemory] = Field(default_factory=list)
     # failure
     error: str | None = None

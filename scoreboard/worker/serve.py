@@ -28,11 +28,11 @@ import numpy as np
 
 from .. import registry
 from .distributed import RankGroup, launched_rank, launched_world
-from ..engine import LogitsRequest
+from ..engine import LogitsRequest, as_step_output
 from ..errors import EngineError, ScoreboardError, TransientError
 from .handshake import WorkerChannel
-from .protocol import (CheckedOp, GateOp, LogitsFile, LogitsOp, PeakMemory, TimedOp, WireGeometry, WorkerRequest, WorkerResult, decode_request,
-                       encode, failure, pid_path, result_path)
+from .protocol import (CheckedOp, GateOp, LogitsFile, LogitsOp, PeakMemory, TimedOp, WireGeometry, WorkerRequest,
+                       WorkerResult, decode_request, encode, failure, pid_path, result_path)
 
 
 def _engine(req: WorkerRequest):
@@ -67,12 +67,13 @@ def _session(engine, prepared, op: TimedOp, scratch: Path, group: RankGroup | No
                 if group is not None:
                     tokens = group.broadcast(tokens)
                 t0 = time.perf_counter_ns()
-                ids = [int(x) for x in engine.step(prepared, state, tuple(int(x) for x in tokens))]
+                out = as_step_output(engine.step(prepared, state, tuple(int(x) for x in tokens)))
                 engine.synchronize(prepared)
                 if group is not None:
-                    group.agree(ids, f"the timed {workload.phase} rep's token ids")
+                    group.agree(out.token_ids, f"the timed {workload.phase} rep's token ids")
                 if chan is not None:
-                    chan.send("output", workload=i, rep=j, token_ids=ids, worker_ns=time.perf_counter_ns() - t0)
+                    chan.send("output", workload=i, rep=j, token_ids=out.token_ids, logprobs=out.logprobs,
+                              worker_ns=time.perf_counter_ns() - t0)
         if chan is not None:
             chan.recv("bye")
     except ScoreboardError as exc:
@@ -111,13 +112,16 @@ def _handle(req: WorkerRequest, out_dir: Path, group: RankGroup | None) -> Worke
         if isinstance(op, (LogitsOp, GateOp)):
             logits = _logits(engine, prepared, op.requests, target.geometry, out_dir, group)
         if isinstance(op, (CheckedOp, GateOp)):
-            checked = _checked(engine, prepared, op.checked, group)
+            checked = _checked(engine, prepared, op.checked, out_dir, group)
     finally:
         engine.close(prepared)
     peak = peak_memory()
     peaks = group.gather(peak.as_dict()) if group is not None else [peak.as_dict()]
-    return WorkerResult(ok=True, ranks=ranks, logits=logits, checked=checked,
-                        peak_memory=[PeakMemory(**p) for p in peaks], **head)
+    extra: dict[str, Any] = {}
+    if checked is not None:
+        extra = {"checked": checked.ids, "checked_logprobs": checked.logprobs, "checked_logits": checked.logits}
+    return WorkerResult(ok=True, ranks=ranks, logits=logits, peak_memory=[PeakMemory(**p) for p in peaks],
+                        **extra, **head)
 
 
 def _logits(engine, prepared, requests, geometry, out_dir: Path, group: RankGroup | None) -> list[LogitsFile]:
@@ -135,20 +139,56 @@ def _logits(engine, prepared, requests, geometry, out_dir: Path, group: RankGrou
     return files
 
 
-def _checked(engine, prepared, runs, group: RankGroup | None) -> list[list[list[int]]]:
-    """The gate's checked outputs: the same begin/step as the timed session, untimed, one per variant."""
-    checked = []
-    for c in runs:
+class _Checked:
+    """The checked runs' results, per run and variant: output ids, their log-probs, the step's logits file."""
+
+    def __init__(self) -> None:
+        self.ids: list[list[list[int]]] = []
+        self.logprobs: list[list[list[float] | None]] = []
+        self.logits: list[list[LogitsFile | None]] = []
+
+
+def _checked(engine, prepared, runs, out_dir: Path, group: RankGroup | None) -> _Checked:
+    """The gate's checked outputs: the same begin/step as the timed session, untimed, one per variant; then the
+    step's own logits rows (step_logits), written beside the request for the parent to grade."""
+    res = _Checked()
+    for r, c in enumerate(runs):
         workload = c.workload.workload()
-        outs = []
-        for revealed in c.reveals:
+        ids, lps, files = [], [], []
+        for v, revealed in enumerate(c.reveals):
             state = engine.begin(prepared, workload)
-            toks = [int(x) for x in engine.step(prepared, state, tuple(int(x) for x in revealed))]
+            out = as_step_output(engine.step(prepared, state, tuple(int(x) for x in revealed)))
             if group is not None:
-                group.agree(toks, f"the checked {workload.phase} output")
-            outs.append(toks)
-        checked.append(outs)
-    return checked
+                group.agree(out.token_ids, f"the checked {workload.phase} output")
+            ids.append(out.token_ids)
+            lps.append(out.logprobs)
+            files.append(_step_logits(engine, prepared, out_dir / f"checked-{r}-{v}.npy", group))
+        res.ids.append(ids)
+        res.logprobs.append(lps)
+        res.logits.append(files)
+    return res
+
+
+def _step_logits(engine, prepared, path: Path, group: RankGroup | None) -> LogitsFile | None:
+    """The last step's logits rows as an .npy file (None: the engine keeps none, an older contract)."""
+    try:
+        rows = engine.step_logits(prepared)
+    except NotImplementedError:
+        return None
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    if group is not None:
+        group.agree_bytes(rows.tobytes(), "the checked step's logits")
+    if group is None or group.rank == 0:
+        np.save(path, rows)
+    return LogitsFile(path=str(path), geometry=WireGeometry.of(prepared_geometry(prepared)))
+
+
+def prepared_geometry(prepared) -> Any:
+    """The geometry an engine prepared with, for a logits file's record (the target's, where it keeps none)."""
+    from ..engine import Geometry
+
+    geo = getattr(getattr(prepared, "handle", None), "geometry", None)
+    return geo if isinstance(geo, Geometry) else Geometry(0, 0, 0)
 
 
 def peak_memory() -> PeakMemory:
