@@ -196,7 +196,21 @@ _K3_WIDE = dataclasses.replace(
     res_score_std=0.5 / 7168 ** 0.5, expert_bias_std=0.02, route_code=True, router_context_std=0.1,
 )
 
-PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID, _K3_SLICE, _K3_GPU, _K3_WIDE)}
+# The flagship's context on one H200: the same tensors as k3-gpu / k3-wide (every tensor's stream is seeded by the
+# seed and the tensor's name alone, generate.py), declaring a context of 262144 so decode can be scored at depth
+# 131072 (the flagship's DECODE_128K) with headroom; 65536 stopped both presets short of it. New names, new pins:
+# the depth-1024 targets keep their own files and history.
+_K3_GPU_LONG = dataclasses.replace(
+    _K3_GPU, name="k3-gpu-long", context_length=262144,
+    description="k3-gpu's tensors (8 layers, 6 KDA + 2 MLA, 64 experts top-8, routing code) declaring a 262144-token "
+                "context, for decode at depth 131072 and prefill 32768 on one H200")
+_K3_WIDE_LONG = dataclasses.replace(
+    _K3_WIDE, name="k3-wide-long", context_length=262144,
+    description="k3-wide's tensors (hidden 7168, 96 heads, 64 experts top-16 at latent 3584) declaring a 262144-token "
+                "context, for decode at depth 131072 and prefill 32768 on one H200")
+
+PRESETS: dict[str, K3Spec] = {s.name: s for s in (_K3_MINI, _K3_MINI_SMOOTH, _K3_MID, _K3_SLICE, _K3_GPU, _K3_WIDE,
+                                                  _K3_GPU_LONG, _K3_WIDE_LONG)}
 
 
 def get_spec(name: str) -> K3Spec:
