@@ -243,11 +243,18 @@ def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) ->
         for g in gate.greedy_check or []:
             console.print(f"checked decode {g['metric']}: greedy tokens match the reference's argmax on "
                           f"{g['top1_vs_reference']:.3f} of positions")
+        for p in gate.decode_path or []:
+            console.print(f"decode path {p['metric']}: its own step's rows vs the reference's, {p['rows']} rows: KL mean "
+                          f"{p['kl_mean']:.3g}, p99 {p['kl_p99']:.3g}, top-1 {p['top1']:.4f} "
+                          + ("[green]pass[/]" if p["pass"] else "[red]fail[/]"))
     if r.speed:
         _speed_table(r)
         for w in drift or []:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
     _memory(r.environment)
+    if r.stage_seconds:
+        console.print("box time by stage: " + ", ".join(f"{k} {float(v):,.1f} s" for k, v in r.stage_seconds.items())
+                      + f" (total {sum(float(v) for v in r.stage_seconds.values()):,.1f} s)", highlight=False)
     v = r.verdict
     label = v.label if v else None
     color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(label or "", "green")
