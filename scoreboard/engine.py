@@ -265,6 +265,8 @@ def as_step_output(out: Any) -> StepOutput:
     without log-probs. Anything else is an EngineError."""
     from .errors import EngineError
 
+    ids: Any
+    lps: Any
     if isinstance(out, StepOutput):
         ids, lps = out.token_ids, out.logprobs
     elif isinstance(out, (list, tuple)):

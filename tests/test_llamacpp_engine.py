@@ -79,6 +79,34 @@ def test_logits_bad_requests_are_input_errors(prepared):
                           p.handle.settings, p.handle.runs_dir / "bad-id.log")
 
 
+def test_several_requests_in_one_dumper_run_give_each_its_own_rows(prepared):
+    """The gate teacher-forces every decode variant through the reference: the variants share the prompt up to
+    depth - K, so one dumper run loads the model once, decodes the shared prefix once and restores its saved
+    state for each (as llama-bench -d restores its depth); each request's rows are bit for bit the rows a run of
+    it alone gives, and a request set that shares nothing is answered too."""
+    engine, target, p = prepared
+    vocab = p.handle.n_vocab
+    shared = _tokens(1100, vocab, seed=3)
+    reqs = [LogitsRequest(token_ids=shared + _tokens(40 + 7 * v, vocab, seed=10 + v),
+                          positions=tuple(range(1099, 1100 + 30 + v)), geometry=target.geometry) for v in range(3)]
+    alone = [engine.logits(p, r).logits for r in reqs]
+    many = engine.logits_many(p, reqs)
+    assert [m.logits.shape for m in many] == [a.shape for a in alone]
+    assert all(np.array_equal(m.logits, a) for m, a in zip(many, alone))
+    log = p.handle.runs_dir / "many.log"
+    out = logits.run_dumper_many(p.handle.tool(build.DUMPER), Path(target.model_path).resolve(), reqs,
+                                 p.handle.settings, log, n_vocab=vocab)
+    import json
+
+    echo = json.loads(log.read_text().split("--- stdout\n")[1].splitlines()[0])
+    assert echo["n_sequences"] == 3 and echo["shared_prefix"] == 1024 and echo["restored"] == 2, echo
+    assert all(np.array_equal(o.logits, a) for o, a in zip(out, alone))
+    unrelated = [LogitsRequest(token_ids=_tokens(70, vocab, seed=s), positions=(3, 69), geometry=target.geometry)
+                 for s in (20, 21)]
+    got = engine.logits_many(p, unrelated)
+    assert all(np.array_equal(g.logits, engine.logits(p, r).logits) for g, r in zip(got, unrelated))
+
+
 def test_timed_decode_at_depth_and_prefill_report_raw_samples(prepared):
     engine, _target, p = prepared
     # decode at depth 64 revealing 5 tokens: 59 in the cache untimed, then the 5 ingested and 8 generated, timed

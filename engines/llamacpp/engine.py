@@ -197,6 +197,16 @@ class LlamaCppEngine(Engine):
         log.unlink(missing_ok=True)
         return LogitsResult(logits=out.logits, geometry=out.geometry, command=out.command)
 
+    def logits_many(self, prepared: Prepared, requests: list[LogitsRequest]) -> list[LogitsResult]:
+        """Several requests of one geometry in one dumper run (one model load, their shared prefix decoded once):
+        each request's rows are what logits() gives it alone."""
+        h = self._handle(prepared)
+        log = self._log(h, "logits")
+        outs = logits.run_dumper_many(h.tool(build.DUMPER), Path(h.target.model_path).resolve(), list(requests),
+                                      h.settings, log, n_vocab=h.n_vocab, timeout_s=options(h.target).timeout_s)
+        log.unlink(missing_ok=True)
+        return [LogitsResult(logits=o.logits, geometry=o.geometry, command=o.command) for o in outs]
+
     def timed(self, prepared: Prepared, workload: Workload, reps: int) -> list[Rep]:
         """Raw per-rep nanoseconds from llama-bench (`-d` depth, `-p`/`-n` the timed part), clock = reference-tool."""
         h = self._handle(prepared)

@@ -105,29 +105,86 @@ def run_dumper(dumper: Path, model: Path, request: LogitsRequest, settings: RunS
         np.asarray(request.token_ids, dtype="<i4").tofile(t)
         np.asarray(wanted, dtype="<i4").tofile(p)
         cmd = dumper_command(dumper, model, request.geometry, settings, t, p, o)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
-                                  env=settings.env(),
-                                  cwd=dumper.parent,  # the hashed bin dir (RUNPATH's empty entry = the cwd)
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n", encoding="utf-8")
-            raise EngineError(f"logits dumper timed out after {timeout_s} s; log: {log}") from None
-        log.write_text(f"$ {shlex.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n--- stderr\n"
-                       f"{proc.stderr}", encoding="utf-8")
-        if proc.returncode != 0:
-            raise classify_failure("logits dumper", proc.returncode, log, model, proc.stderr + proc.stdout)
+        proc = _run(cmd, dumper, settings, log, timeout_s, model)
         header, positions, logits = read_logits_file(o, n_vocab)
     if positions.tolist() != wanted:
         raise EngineError(f"logits dumper returned positions that were not asked for; log: {log}")
     if header["n_tokens"] != len(request.token_ids):
         raise EngineError(f"logits dumper read {header['n_tokens']} tokens, sent {len(request.token_ids)}; log: {log}")
+    _check_rows(logits, proc.stdout, header, settings, log)
+    index = {pos: i for i, pos in enumerate(wanted)}
+    rows = logits[[index[pos] for pos in request.positions]]
+    return DumpedLogits(logits=np.ascontiguousarray(rows, dtype=np.float32),
+                        positions=np.asarray(request.positions, dtype=np.int32), header=header, command=cmd)
+
+
+def run_dumper_many(dumper: Path, model: Path, requests: list[LogitsRequest], settings: RunSettings, log: Path,
+                    n_vocab: int | None = None, timeout_s: float | None = None) -> list[DumpedLogits]:
+    """Several requests of one geometry in one dumper run: the model loads once and the prefix they share is
+    decoded once, then restored for each (cpp/dump_logits.cpp, --lengths/--counts); each request's rows are the
+    ones run_dumper gives it alone. Rows come back per request in the order of its positions."""
+    if len(requests) == 1:
+        return [run_dumper(dumper, model, requests[0], settings, log, n_vocab, timeout_s)]
+    if not requests or any(r.geometry != requests[0].geometry for r in requests):
+        raise InputError("logits requests of one dumper run need one geometry")
+    for r in requests:
+        _check_request(r, n_vocab)
+    wanted = [sorted(set(r.positions)) for r in requests]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sb-logits-", dir=log.parent) as tmp:
+        t, p, o = Path(tmp) / "tokens.i32", Path(tmp) / "positions.i32", Path(tmp) / "logits.bin"
+        ln, ct = Path(tmp) / "lengths.i32", Path(tmp) / "counts.i32"
+        np.concatenate([np.asarray(r.token_ids, dtype="<i4") for r in requests]).tofile(t)
+        np.concatenate([np.asarray(w, dtype="<i4") for w in wanted]).tofile(p)
+        np.asarray([len(r.token_ids) for r in requests], dtype="<i4").tofile(ln)
+        np.asarray([len(w) for w in wanted], dtype="<i4").tofile(ct)
+        cmd = dumper_command(dumper, model, requests[0].geometry, settings, t, p, o) + ["--lengths", str(ln),
+                                                                                         "--counts", str(ct)]
+        proc = _run(cmd, dumper, settings, log, timeout_s, model)
+        header, positions, logits = read_logits_file(o, n_vocab)
+    if positions.tolist() != [x for w in wanted for x in w]:
+        raise EngineError(f"logits dumper returned positions that were not asked for; log: {log}")
+    if header["n_tokens"] != sum(len(r.token_ids) for r in requests):
+        raise EngineError(f"logits dumper read {header['n_tokens']} tokens, sent "
+                          f"{sum(len(r.token_ids) for r in requests)}; log: {log}")
+    _check_rows(logits, proc.stdout, header, settings, log)
+    out, row0 = [], 0
+    for r, w in zip(requests, wanted):
+        block = logits[row0:row0 + len(w)]
+        row0 += len(w)
+        index = {pos: i for i, pos in enumerate(w)}
+        rows = block[[index[pos] for pos in r.positions]]
+        out.append(DumpedLogits(logits=np.ascontiguousarray(rows, dtype=np.float32),
+                                positions=np.asarray(r.positions, dtype=np.int32), header=header, command=cmd))
+    return out
+
+
+def _run(cmd: list[str], dumper: Path, settings: RunSettings, log: Path, timeout_s: float | None,
+         model: Path) -> subprocess.CompletedProcess:
+    """The dumper run with its log written; EngineError (classified) when it fails."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
+                              env=settings.env(),
+                              cwd=dumper.parent,  # the hashed bin dir (RUNPATH's empty entry = the cwd)
+                              check=False)
+    except subprocess.TimeoutExpired:
+        log.write_text(f"$ {shlex.join(cmd)}\n[timed out after {timeout_s} s]\n", encoding="utf-8")
+        raise EngineError(f"logits dumper timed out after {timeout_s} s; log: {log}") from None
+    log.write_text(f"$ {shlex.join(cmd)}\n[exit {proc.returncode}]\n--- stdout\n{proc.stdout}\n--- stderr\n"
+                   f"{proc.stderr}", encoding="utf-8")
+    if proc.returncode != 0:
+        raise classify_failure("logits dumper", proc.returncode, log, model, proc.stderr + proc.stdout)
+    return proc
+
+
+def _check_rows(logits: np.ndarray, stdout: str, header: dict[str, Any], settings: RunSettings, log: Path) -> None:
+    """Finite rows, and the dumper's stdout echo agreeing with its file header and the pinned split mode."""
     if not np.isfinite(logits).all():
         bad = int((~np.isfinite(logits)).any(axis=1).sum())
-        raise EngineError(f"logits dumper produced non-finite values in {bad} of {len(wanted)} rows; log: {log}",
+        raise EngineError(f"logits dumper produced non-finite values in {bad} of {len(logits)} rows; log: {log}",
                           "the model or the build is broken; check the weights and the pin")
     try:
-        echoed = json.loads(proc.stdout.strip().splitlines()[-1])
+        echoed = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         echoed = {}
     if echoed and any(echoed.get(k) != header[k] for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads")):
@@ -135,10 +192,6 @@ def run_dumper(dumper: Path, model: Path, request: LogitsRequest, settings: RunS
     if echoed.get("split_mode") != settings.split_mode:
         raise EngineError(f"logits dumper ran with split mode {echoed.get('split_mode')!r}, asked "
                           f"{settings.split_mode!r}; log: {log}", "the dumper binary is not the pinned one; prepare again")
-    index = {pos: i for i, pos in enumerate(wanted)}
-    rows = logits[[index[pos] for pos in request.positions]]
-    return DumpedLogits(logits=np.ascontiguousarray(rows, dtype=np.float32),
-                        positions=np.asarray(request.positions, dtype=np.int32), header=header, command=cmd)
 
 
 def gguf_vocab_size(model: Path) -> int | None:

@@ -38,6 +38,12 @@ class ReferenceClient:
     def logits(self, req: LogitsRequest) -> Any:
         return self.engine.logits(self.prepared, req)
 
+    def logits_many(self, reqs: list[LogitsRequest]) -> list[Any]:
+        """Several requests at once where the engine can share their work (one load, a common prefix once):
+        each answer is what logits() gives it alone."""
+        many = getattr(self.engine, "logits_many", None)
+        return list(many(self.prepared, reqs)) if many is not None and len(reqs) > 1 else [self.logits(r) for r in reqs]
+
     def block(self, w: Workload, reps: int, block: int | None) -> dict[str, Any]:
         """One block of `reps` timed reps, bounded by the harness's wall clock around the reference tool."""
         t0 = time.perf_counter_ns()
@@ -170,6 +176,11 @@ class Arm:
     def logits(self, req: LogitsRequest) -> Any:
         if isinstance(self.client, ReferenceClient):
             return self.client.logits(req)
+        raise EngineError(f"arm {self.name}: logits of a worker arm come from its gate call")
+
+    def logits_many(self, reqs: list[LogitsRequest]) -> list[Any]:
+        if isinstance(self.client, ReferenceClient):
+            return self.client.logits_many(reqs)
         raise EngineError(f"arm {self.name}: logits of a worker arm come from its gate call")
 
     def blocks(self, variants: list[Variants], reps: int, block: int | None) -> list[dict[str, Any]]:

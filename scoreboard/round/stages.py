@@ -311,8 +311,9 @@ class GateStage:
     def judge_decode(self, var: Variants, outs: list[list[int]], pol: Any) -> tuple[list[dict[str, Any]], list[str]]:
         """Each decode variant's greedy tokens teacher-forced through the reference: (rows, failure reasons)."""
         rows, failed = [], []
+        agreements = self.greedy_agreements(var, outs)
         for v, o in enumerate(outs):
-            agree = self.greedy_agreement(var, v, o)
+            agree = agreements[v]
             ok = top1_ok(agree, pol)
             self.graded[(var.key, v, tuple(o))] = ok
             rows.append({"metric": var.key, "variant": v, "top1_vs_reference": agree, "pass": ok})
@@ -336,17 +337,29 @@ class GateStage:
         return rows, [f"{var.key}: the prefill path's next token matches the reference's argmax on {frac:.3f} of "
                       f"variants < top1_min {pol.top1_min}"]
 
-    def greedy_agreement(self, var: Variants, v: int, toks: list[int]) -> float:
-        """Teacher-force variant v's greedy tokens through the reference: fraction of argmax matches (the
-        reference's rows are kept for the decode path's grading when the tokens are the checked run's)."""
+    def teacher_forced(self, var: Variants, v: int, toks: list[int]) -> LogitsRequest:
+        """The reference request that teacher-forces variant v's tokens: rows at every generated position."""
         geom = self.geometry
         depth = var.workload.depth
         seq = var.full_prompt(v) + tuple(toks[:-1])
         pos = tuple(range(depth - 1, depth - 1 + len(toks)))
-        seq = padded(seq, geom.n_ubatch, geom.n_ctx, tuple(self.prompt.token_ids))
-        ref = self.reference.logits(LogitsRequest(seq, pos, geom))
-        if list(toks) == self.checked.get(var.key, [None] * (v + 1))[v]:
-            self.ref_rows[(var.key, v)] = np.asarray(ref.logits, dtype=np.float32)
+        return LogitsRequest(padded(seq, geom.n_ubatch, geom.n_ctx, tuple(self.prompt.token_ids)), pos, geom)
+
+    def greedy_agreements(self, var: Variants, outs: list[list[int]]) -> list[float]:
+        """Every variant's checked tokens teacher-forced through the reference in one request set (the variants
+        share the prompt up to depth - K: the reference decodes it once where it can): the fraction of argmax
+        matches per variant; the reference's rows are kept for the decode path's grading."""
+        refs = self.reference.logits_many([self.teacher_forced(var, v, o) for v, o in enumerate(outs)])
+        out = []
+        for v, (o, ref) in enumerate(zip(outs, refs)):
+            if list(o) == self.checked.get(var.key, [None] * (v + 1))[v]:
+                self.ref_rows[(var.key, v)] = np.asarray(ref.logits, dtype=np.float32)
+            out.append(float(np.mean(np.argmax(ref.logits, axis=-1) == np.asarray(o))))
+        return out
+
+    def greedy_agreement(self, var: Variants, v: int, toks: list[int]) -> float:
+        """Teacher-force variant v's greedy tokens through the reference: fraction of argmax matches."""
+        ref = self.reference.logits(self.teacher_forced(var, v, toks))
         return float(np.mean(np.argmax(ref.logits, axis=-1) == np.asarray(toks)))
 
     def reference_next(self, var: Variants, v: int) -> int:
