@@ -6,13 +6,16 @@
 # Setup always runs: the kit installed, main cloned at BASE, the reference built at its pin (GPU_TARGET's
 # preflight) beside the generation of GEN_WEIGHTS. Then the PHASES, in the order given:
 #   cal       GPU_TARGET calibrated with CAL_SEEDS seeds;
+#   round     a sealed main round of GPU_TARGET at main as it then stands (the first on a target is its BASELINE;
+#             the same commit again, an A/A round);
 #   ladder    for each STEP: main fast-forwarded to it and a sealed main round of GPU_TARGET, scored against
 #             the frontier the previous round left (its receipt, ledger line and slots in rounds/);
 #   wide      WIDE_TARGET calibrated with WIDE_SEEDS seeds, then its BASELINE round and an A/A round of main;
 #   widestep  the last STEP on both targets: main fast-forwarded to it, a GPU_TARGET round, a WIDE_TARGET round
 #             (with widestep listed, ladder leaves the last STEP to it, so wide's rounds are of the commit
 #             before it and the WIDE_TARGET round scores that step alone);
-#   profile   the diagnosis profile of each of PROFILE_TARGETS (default GPU_TARGET) at main as it then stands;
+#   profile   the diagnosis profile of each of PROFILE_TARGETS (default GPU_TARGET) at main as it then stands
+#             (PROFILE_ARGS are passed to bench/h200_profile.py; the output is named by target and commit);
 #   sweep     the decode products' and routed experts' tiles re-timed (bench/h200_kernel_sweep.py) for GPU_TARGET
 #             and WIDE_TARGET at main as it then stands.
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
@@ -28,7 +31,7 @@
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-ALL_PHASES="cal ladder wide widestep profile sweep"
+ALL_PHASES="cal round ladder wide widestep profile sweep"
 [ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
 PHASES=${PHASES:-$DEFAULT_PHASES}
 for p in $PHASES; do
@@ -41,7 +44,9 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 DRY_CPU=${DRY_CPU:-0}; SB=${SB:-/root/sb}; GEN_WEIGHTS=${GEN_WEIGHTS:-k3-wide}
 GPU_TARGET=${GPU_TARGET:-k3-gpu-h200}; WIDE_TARGET=${WIDE_TARGET:-k3-wide-h200}
 BLOCKS=${BLOCKS:-4}; REPS=${REPS:-2}; CAL_SEEDS=${CAL_SEEDS:-20}; WIDE_SEEDS=${WIDE_SEEDS:-20}
-LLAMA_COMMIT=b260ed1d9705ddc92fef432356d8274055b3d58d  # the carried git form of the pinned sdist tree
+# the carried git form of the pinned sdist tree: the commit `scoreboard reference pack` printed (KIT/llama.commit)
+LLAMA_COMMIT=${LLAMA_COMMIT:-$(cat "$KIT/llama.commit" 2>/dev/null)}
+[ -n "$LLAMA_COMMIT" ] || { echo "no LLAMA_COMMIT and no $KIT/llama.commit (the commit \`scoreboard reference pack\` printed)" >&2; exit 1; }
 [ "$DRY_CPU" = 1 ] && CACHE=$HOME/.cache/scoreboard PROF_DEVICE=cpu || CACHE=/tmp/sbcache PROF_DEVICE=cuda
 export PYTHONUNBUFFERED=1 SCOREBOARD_CACHE=$CACHE COLUMNS=160
 export SCOREBOARD_REFERENCE_SOURCE="git+file://$KIT/llama.cpp@$LLAMA_COMMIT"
@@ -73,6 +78,8 @@ advance() {  # I: main fast-forwarded to STEP I (1-based); fails when main has i
   go; git merge -q --ff-only "$s" || { echo "step$1: fast-forward to $s failed"; return 1; }
 }
 phase_cal() { calibrate cal "$GPU_TARGET" "$CAL_SEEDS"; }
+ROUNDS=0
+phase_round() { ROUNDS=$((ROUNDS + 1)); round "round$ROUNDS-$(git rev-parse --short HEAD)" "$GPU_TARGET"; }
 phase_ladder() {
   local i last=$N
   case " $PHASES " in *" widestep "*) last=$((N - 1));; esac
@@ -86,9 +93,11 @@ phase_widestep() {
 phase_profile() {
   local t
   for t in ${PROFILE_TARGETS:-$GPU_TARGET}; do
+    local name="prof-$t-$(git rev-parse --short HEAD)"
     go; stamp "profile of $t at $(head1)"
-    python3 "$HERE/bench/h200_profile.py" --target "$t" --device "$PROF_DEVICE" --out "$WORK/prof-$t.json" > "$WORK/prof-$t.log" 2>&1
-    echo "profile $t rc $?"; tail -3 "$WORK/prof-$t.log"
+    # the carried (newest) script, profiling the engine of the commit main stands at (the clone is on the path)
+    python3 "$HERE/bench/h200_profile.py" --target "$t" --device "$PROF_DEVICE" ${PROFILE_ARGS:-} --out "$WORK/$name.json" > "$WORK/$name.log" 2>&1
+    echo "profile $t rc $?"; tail -3 "$WORK/$name.log"
   done
 }
 phase_sweep() {
