@@ -175,36 +175,87 @@ def test_kda_step_matches_a_float64_reference(kernels):
     assert torch.allclose(conv.double(), xx[:, 1:], rtol=0, atol=0)  # the state shifted by one token
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, gated):
+def _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, scale):
+    """One MLA token in float64 over rows 0..pos of `latent` (which already holds the token's row at pos):
+    (the row the kernel must have written, the output [H, v])."""
+    h, v, kvr = wv_b.shape
+    nope = wk_b.shape[2]
+    kvd = kv[0].double()
+    row = torch.cat([kvd[:kvr] / (kvd[:kvr].pow(2).mean() + 1e-6).sqrt() * kv_norm.double(), kvd[kvr:]])
+    lat = latent[:pos + 1].double()
+    qd = q[0].double()
+    q_abs = torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double())
+    sc = (q_abs @ lat[:, :kvr].T + qd[:, nope:] @ lat[:, kvr:].T) * scale  # [H, pos + 1]
+    o = torch.einsum("hc,hvc->hv", torch.softmax(sc, -1) @ lat[:, :kvr], wv_b.double())
+    if gate is not None:
+        o = o * torch.sigmoid(gate.double().view(h, v))
+    return row, o
+
+
+HALF_F16_ULP = 2.0 ** -13  # the softmax weights in one f16 part: each rounded by up to 2^-12 relative, the sum less
+
+# (heads, kvr, cache rows, span, pos, MLA_ROWS_MIN, MLA_PROGRAMS): a short span of 3 splits, pos in the middle of
+# the second and the third beyond it; a long cache of 4096 rows in 32 splits, 20 heads (a second, partial block
+# of MLA_BH), pos in the middle of split 22 and 9 splits with no live row; 128 splits of 32 rows (the combine
+# loops over its MLA_COMBINE_SPLITS twice), pos in the last live one
+MLA_CASES = {"short": (2, 64, 256, 160, 100, 64, 264), "long": (20, 128, 6000, 4096, 2900, 128, 264),
+             "many splits": (4, 64, 4200, 4096, 4000, 32, 10_000)}
+
+
+@pytest.mark.parametrize("case", sorted(MLA_CASES))
+@pytest.mark.parametrize("gated,p_split", [(True, False), (False, True)])
+def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gated, p_split):
     """The token's latent row is written at pos (normed, f16), and the absorbed attention over rows 0..pos of
-    the span (the rows beyond pos masked, several splits) matches the same arithmetic in float64."""
-    monkeypatch.setattr(kernels, "MLA_ROWS", 64)  # 3 splits over the span, one of them past pos
-    gen = torch.Generator().manual_seed(9 + gated)
-    h, kvr, rope, nope, v, n_ctx, span, pos = 2, 64, 16, 32, 32, 256, 160, 100
+    the span (rows beyond pos hold large junk, and the dead splits' scratch garbage: masked, never mixed in) matches the same arithmetic in float64.
+    The scores come from hi + lo f16 parts of q on the tensor cores (f32-level), the weights in one f16 part
+    (~1e-5 relative over a few hundred rows) or in two (p_split)."""
+    h, kvr, n_ctx, span, pos, rows_min, programs = MLA_CASES[case]
+    monkeypatch.setattr(kernels, "MLA_ROWS_MIN", rows_min)
+    monkeypatch.setattr(kernels, "MLA_PROGRAMS", programs)
+    monkeypatch.setattr(kernels, "MLA_P_SPLIT", p_split)
+    gen = torch.Generator().manual_seed(9 + gated + h)
+    rope, nope, v = 64, 32, 32
 
     def r(*shape, scale=1.0):
         return torch.randn(*shape, generator=gen) * scale
 
-    q, kv, kv_norm = r(1, h, nope + rope), r(1, kvr + rope), r(kvr).abs() + 0.5
+    q, kv, kv_norm = r(1, h, nope + rope, scale=3.0), r(1, kvr + rope), r(kvr).abs() + 0.5
     latent = r(n_ctx, kvr + rope).half()
+    latent[pos + 1:] = 3000.0  # junk past pos: it must never reach the softmax
     before = latent.clone()
     wk_b, wv_b = r(h, kvr, nope, scale=0.2).half(), r(h, v, kvr, scale=0.2).half()
     gate = r(1, h * v) if gated else None
-    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
+    real_empty = torch.empty
 
-    kvd = kv[0].double()
-    row = torch.cat([kvd[:kvr] / (kvd[:kvr].pow(2).mean() + 1e-6).sqrt() * kv_norm.double(), kvd[kvr:]])
+    def nan_empty(*a, **k):  # scratch as a GPU hands it out: garbage (here NaN) wherever nothing was written
+        out = real_empty(*a, **k)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(kernels.torch, "empty", nan_empty)
+    rows = kernels.mla_rows_per_split(span, -(-h // kernels.MLA_BH))
+    assert (span // rows, pos // rows) == {"short": (2, 1), "long": (32, 22), "many splits": (128, 125)}[case]
+    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
+    row, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, 0.1)
     assert torch.equal(latent[pos], row.half())  # the row written, f16
     assert torch.equal(latent[:pos], before[:pos]) and torch.equal(latent[pos + 1:], before[pos + 1:])
-    lat = latent[:pos + 1].double()
-    qd = q[0].double()
-    q_abs = torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double())
-    sc = (q_abs @ lat[:, :kvr].T + qd[:, nope:] @ lat[:, kvr:].T) * 0.1  # [H, pos + 1]
-    o = torch.einsum("hc,hvc->hv", torch.softmax(sc, -1) @ lat[:, :kvr], wv_b.double())
-    if gated:
-        o = o * torch.sigmoid(gate.double().view(h, v))
-    assert float((got.double().view(h, v) - o).norm() / o.norm()) < 1e-5
+    err = float((got.double().view(h, v) - o).norm() / o.norm())
+    assert err < (2e-6 if p_split else HALF_F16_ULP), err
+
+
+def test_mla_decode_scores_keep_f32_accuracy_for_large_queries(kernels):
+    """q far beyond f16's range (1e6) is scaled by a power of two per row before its hi + lo split: the result
+    stays finite and as accurate as for small q (f16 alone would overflow to inf)."""
+    gen = torch.Generator().manual_seed(21)
+    h, kvr, rope, nope, v, pos = 3, 64, 64, 32, 32, 90
+    q = torch.randn(1, h, nope + rope, generator=gen) * 1e4
+    kv, kv_norm = torch.randn(1, kvr + rope, generator=gen), torch.ones(kvr)
+    latent = (torch.randn(256, kvr + rope, generator=gen) * 1e-2).half()
+    wk_b = (torch.randn(h, kvr, nope, generator=gen) * 0.2).half()
+    wv_b = (torch.randn(h, v, kvr, generator=gen) * 0.2).half()
+    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), 256, wk_b, wv_b, None, 1e-3, 1e-6)
+    _, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, None, 1e-3)
+    assert torch.isfinite(got).all()
+    assert float((got.double().view(h, v) - o).norm() / o.norm()) < HALF_F16_ULP
 
 
 def test_chunk_scan_matches_the_token_by_token_recurrence(kernels):
