@@ -97,10 +97,17 @@ def cases(name: str) -> list[Case]:
     split = {"qa_ptr": P, "lat_ptr": H, "pos_ptr": I64, "m_ptr": P, "l_ptr": P, "acc_ptr": P, "H": "i32",
              "rows_per": "i32", "qscale": "fp32", "KVR": "constexpr", "ROPE": "constexpr", "BH": "constexpr",
              "BT": "constexpr", "Q_SPLIT": "constexpr", "P_SPLIT": "constexpr"}
+    causal = {"qa_ptr": P, "lat_ptr": H, "out_ptr": P, "n_rows": "i32", "H": "i32", "pos0": "i32", "qscale": "fp32",
+              "KVR": "constexpr", "ROPE": "constexpr", "BM": "constexpr", "BT": "constexpr", "Q_SPLIT": "constexpr",
+              "P_SPLIT": "constexpr"}
     for p_split in (False, True):  # the engine's choice (kernels.MLA_P_SPLIT) and the other
         out.append((f"mla_split p_split={p_split}", K._mla_split, split,
                     {"KVR": kvr, "ROPE": rope, "BH": K.MLA_BH, "BT": K.MLA_BT, "Q_SPLIT": True, "P_SPLIT": p_split},
                     K.WARPS["mla_split"], K.STAGES["mla_split"]))
+        for q_split in (False, True):
+            out.append((f"mla_causal q_split={q_split} p_split={p_split}", K._mla_causal, causal,
+                        {"KVR": kvr, "ROPE": rope, "BM": K.MLA_BM, "BT": K.MLA_CAUSAL_BT, "Q_SPLIT": q_split,
+                         "P_SPLIT": p_split}, K.WARPS["mla_causal"], K.STAGES["mla_causal"]))
     out.append(("mla_combine", K._mla_combine, {"m_ptr": P, "l_ptr": P, "acc_ptr": P, "pos_ptr": I64, "olat_ptr": P,
                                                 "H": "i32", "rows_per": "i32", "n_split": "i32", "KVR": "constexpr",
                                                 "BS": "constexpr", "BC": "constexpr"},

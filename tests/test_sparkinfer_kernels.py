@@ -258,6 +258,36 @@ def test_mla_decode_scores_keep_f32_accuracy_for_large_queries(kernels):
     assert float((got.double().view(h, v) - o).norm() / o.norm()) < HALF_F16_ULP
 
 
+@pytest.mark.parametrize("q_split,p_split", [(False, False), (True, False), (False, True)])
+def test_mla_attend_matches_the_torch_form_causally(kernels, monkeypatch, q_split, p_split):
+    """The prefill's causal attention (kernels.mla_attend) of 70 tokens after 3000 cached rows, 3 heads (query
+    rows of a block span tokens), against model.attend in float64: each token sees exactly the rows up to its
+    own position (rows past the call's last one hold junk). q holds f16 values, as on the f16 targets (one f16
+    part is exact then); q_split also takes q of full f32 precision."""
+    from engines.sparkinfer.model import attend
+
+    monkeypatch.setattr(kernels, "MLA_CAUSAL_Q_SPLIT", q_split)
+    monkeypatch.setattr(kernels, "MLA_P_SPLIT", p_split)
+    gen = torch.Generator().manual_seed(5 + q_split + 2 * p_split)
+    h, kvr, rope, t, n_past = 3, 64, 64, 70, 3000
+    latent = torch.randn(3200, kvr + rope, generator=gen).half()
+    latent[n_past + t:] = 4000.0
+    q_abs, q_pe = torch.randn(t, h, kvr, generator=gen) * 2, torch.randn(t, h, rope, generator=gen)
+    if not q_split:
+        q_abs, q_pe = q_abs.half().float(), q_pe.half().float()
+    got = kernels.mla_attend(q_abs, q_pe, latent, n_past, 0.1)
+    k = latent[:n_past + t].double()
+    want = attend(torch.cat([q_abs, q_pe], -1).double(), k, k[:, :kvr], n_past, 0.1)
+    assert got.shape == (t, h, kvr)
+    err = float((got.double() - want).norm() / want.norm())
+    assert err < (2e-6 if p_split else HALF_F16_ULP), err
+    # the first token of a call from an empty cache sees row 0 alone: its output is that row, exactly
+    first = kernels.mla_attend(q_abs[:2], q_pe[:2], latent, 0, 0.1)
+    assert torch.equal(first[0], latent[0, :kvr].float().expand(h, -1))
+    with pytest.raises(ValueError, match="does not hold 3190 \\+ 70 rows"):
+        kernels.mla_attend(q_abs, q_pe, latent, 3190, 0.1)
+
+
 def test_chunk_scan_matches_the_token_by_token_recurrence(kernels):
     """The prefill's chunked delta rule with the recurrence in one launch equals the token-by-token form
     (outputs and final state), and leaves the caller's initial state alone."""
@@ -345,8 +375,9 @@ def mini(tmp_path_factory):
 
 def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatch):
     """The model's own decode step (graph.StaticDecoder, the step a CUDA graph records) with the kernels
-    enabled gives the torch form's greedy tokens, and logits within f16-level rounding. (Wider blocks than
-    on the GPU: the interpreter runs one program at a time, so fewer, wider programs keep this test short.)"""
+    enabled, after a prefill through the causal kernel, gives the torch form's greedy tokens, and logits within
+    f16-level rounding. (Wider blocks than on the GPU: the interpreter runs one program at a time, so fewer,
+    wider programs keep this test short.)"""
     for name, width in (("BLOCK_F", 128), ("BLOCK_L", 64)):
         monkeypatch.setattr(kernels, name, width)
     monkeypatch.setattr(kernels, "vec_blocks", lambda n, k: (128, 512, 4))
@@ -358,7 +389,7 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
         model = K3Model(cfg, w)
         if use:
             note = model.enable_kernels()
-            assert note.startswith("triton"), note
+            assert note.startswith("triton") and "mla prefill" in note, note
             assert model.use_kernels
         dec = StaticDecoder(model, 256, capture=False)
         cache = dec.reset(len(ids) + 3)

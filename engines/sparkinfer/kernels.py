@@ -20,8 +20,10 @@ between two weight reads. For one token:
   inside each program (no atomics: the same sum every run, which graph replays and the round's greedy check
   need).
 
-For the prefill: ``chunk_scan`` (the KDA chunk-to-chunk recurrence, three launches per 16-token chunk in torch)
-and ``grouped_mm`` (the routed experts' grouped products; torch's f16 path loops over the experts hit).
+For the prefill: ``chunk_scan`` (the KDA chunk-to-chunk recurrence, three launches per 16-token chunk in torch),
+``grouped_mm`` (the routed experts' grouped products; torch's f16 path loops over the experts hit) and
+``mla_attend`` (MLA's causal attention over the latent cache in one launch, reading only the rows on or below
+the diagonal; torch's form computes every score in f32 on CUDA cores).
 
 Numerics: f32 activations and accumulation throughout, f16/bf16 weights and cache read as stored, products
 in full f32 (``input_precision="ieee"``) where both sides are f32. No kernel reads a host value inside a
@@ -95,6 +97,16 @@ MLA_PROGRAMS = 264
 MLA_COMBINE_SPLITS = 64
 MLA_COMBINE_COLS = 64
 MLA_P_SPLIT = False  # the softmax weights as one f16 part (see _mla_step), as flash attention does
+# mla_attend (the prefill's causal attention): MLA_BM query rows (token, head) per program, MLA_CAUSAL_BT rows
+# per step. MLA_CAUSAL_Q_SPLIT: the scores from hi + lo f16 parts of q; off, q in one f16 part, which loses
+# nothing on the f16 targets: there q_abs and q_pe are outputs of f16 products (model._mla), f16 values already.
+# (32 rows, 128 per step, 8 warps, 2 stages) was the fastest of bench/mla_depth.py's grid on one H200 (2026-12-02):
+# a 2048-token call after 14,336 rows at k3-gpu's widths 10.1 ms at (32, 32, 8 warps, 3 stages) -> 4.74 ms (231
+# TFLOP/s of the causal half's 2 (2 kvr + rope) per pair), k3-wide's 96 heads 59.0 -> 28.3 ms; the q split
+# costs 1.5x
+MLA_BM = 32
+MLA_CAUSAL_BT = 128
+MLA_CAUSAL_Q_SPLIT = False
 LOG2E = 1.4426950408889634  # the kernels' softmaxes run in base 2: exp(x) = exp2(x log2 e)
 GMM_BM, GMM_BN, GMM_BK = 64, 64, 32  # grouped_mm's tile
 SCAN_BV = 16  # value columns per chunk_scan program
@@ -102,8 +114,8 @@ SCAN_BV = 16  # value columns per chunk_scan program
 # kda_step 255 registers + 72 B stack at 8 warps (104 B at 16), chunk_scan 172 and no stack at 8 warps with 16
 # value columns (255 + 264 B at 4 warps with 32); mla_split at its tile above: 255 + 664 B (Triton 3.8), which
 # still beat every tile that does not spill
-WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_split": 4}
-STAGES = {"mla_split": 2}  # software-pipelined loads in flight per loop (Triton's default 3)
+WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8}
+STAGES = {"mla_split": 2, "mla_causal": 2}  # software-pipelined loads in flight per loop (Triton's default 3)
 BLOCK_K = 512  # experts_in_situ's reduction step over the latent (f16 weights: 1 KB per row per step)
 # experts_down_sum's reduction step over F. Its bytes in flight are LAT x BLOCK_KD x 2 per pipeline stage whatever
 # BLOCK_L is: at 128 that was 256 KB on k3-gpu, where an H200 wants a few MB; at 1024, 2 MB
@@ -589,6 +601,50 @@ def _mla_vout(olat_ptr, wvb_ptr, gate_ptr, out_ptr, HAS_GATE: tl.constexpr, KVR:
     if HAS_GATE:
         o = o * tl.sigmoid(tl.load(gate_ptr + h * V + vv))
     tl.store(out_ptr + h * V + vv, o)
+
+
+@triton.jit(do_not_specialize=["n_rows", "H", "pos0"])
+def _mla_causal(qa_ptr, lat_ptr, out_ptr, n_rows, H, pos0, qscale, KVR: tl.constexpr, ROPE: tl.constexpr,
+                BM: tl.constexpr, BT: tl.constexpr, Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr):
+    # causal flash attention of a prefill call's query rows (token t, head h) = row t * H + h, at position
+    # pos0 + t, over the latent rows 0..pos0 + t: one program per BM rows, reading only the rows up to its last
+    # token's position (the masked half above the diagonal is never read); -> olat [n_rows, KVR] normalized.
+    # The blocks run last-first, the longest first
+    mb = tl.num_programs(0) - 1 - tl.program_id(0)
+    rows = mb * BM + tl.arange(0, BM)
+    ok = rows < n_rows
+    qpos = pos0 + rows // H  # [BM] each row's last latent row
+    last = pos0 + (tl.minimum(mb * BM + BM, n_rows) - 1) // H
+    ah, al, ph, pl, sw = _mla_q(qa_ptr, rows, ok, qscale, KVR, ROPE)
+    m_i = tl.full([BM], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, KVR], dtype=tl.float32)
+    for t0 in range(0, last + 1, BT):
+        t = t0 + tl.arange(0, BT)
+        m_i, l_i, acc = _mla_step(ah, al, ph, pl, sw, lat_ptr, t, t <= last, t[None, :] <= qpos[:, None], m_i, l_i,
+                                  acc, KVR, ROPE, Q_SPLIT, P_SPLIT)
+    o = acc / tl.where(ok, l_i, 1.0)[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * KVR + tl.arange(0, KVR)[None, :], o, mask=ok[:, None])
+
+
+def mla_attend(q_abs: Tensor, q_pe: Tensor, latent: Tensor, n_past: int, scale: float) -> Tensor:
+    """Causal absorbed MLA attention of a prefill call's T tokens in one launch: token t (at position n_past + t)
+    over the latent rows 0..n_past + t, softmax(scale * (q_abs . kv + q_pe . k_pe)) times kv, the scores on the
+    tensor cores from hi + lo f16 parts of q (~f32 accuracy), only the rows on or below the diagonal read.
+
+    q_abs [T, H, kvr] and q_pe [T, H, rope] f32; latent [n_ctx, kvr + rope] f16, rows n_past..n_past + T - 1
+    written (kvr, rope powers of two). -> [T, H, kvr] f32, what model.attend returns for the absorbed form."""
+    t, h, kvr = q_abs.shape
+    rope = int(q_pe.shape[-1])
+    if latent.shape[1] != kvr + rope or latent.dtype != torch.float16 or n_past + t > latent.shape[0]:
+        raise ValueError(f"mla_attend: latent {tuple(latent.shape)} {latent.dtype} does not hold {n_past} + {t} "
+                         f"rows of kvr {kvr} + rope {rope}")
+    qa = torch.cat([q_abs, q_pe], -1).float().contiguous()  # [T, H, kvr + rope]
+    out = torch.empty(t, h, kvr, dtype=torch.float32, device=q_abs.device)
+    _mla_causal[(triton.cdiv(t * h, MLA_BM),)](qa, latent, out, t * h, h, n_past, scale * LOG2E, KVR=kvr, ROPE=rope, BM=MLA_BM,
+                                               BT=MLA_CAUSAL_BT, Q_SPLIT=MLA_CAUSAL_Q_SPLIT, P_SPLIT=MLA_P_SPLIT,
+                                               num_warps=WARPS["mla_causal"], num_stages=STAGES["mla_causal"])
+    return out
 
 
 def mla_rows_per_split(span: int, head_blocks: int) -> int:

@@ -372,6 +372,11 @@ class K3Model:
                 want = self._mla(mlw, x, mtwin, at, 64)
                 got = self._with_kernels(lambda: self._mla(mlw, x, mst, at, 64))
                 errs["mla"] = max(rel(got, want), rel(mst.latent.float(), mtwin.latent.float()))
+                # the prefill's causal attention (kernels.mla_attend): a 40-token call after 24 cached rows
+                xs, ptwin = rnd(40, c.n_embd), MLAState(latent=mtwin.latent.clone())
+                want = self._mla(mlw, xs, ptwin, 24)
+                got = self._with_kernels(lambda: self._mla(mlw, xs, mtwin, 24))
+                errs["mla prefill"] = max(rel(got, want), rel(mtwin.latent.float(), ptwin.latent.float()))
         if c.attn_res_block_size > 0:
             e, rows = c.n_embd, self._res_rows()
             for n_ckpt in sorted({1, rows - 1}):
@@ -625,17 +630,31 @@ class K3Model:
             k_all = torch.cat([lat[:, :nope], lat[:, kvr:]], -1).float()  # [S, key_length_mla]
             o = attend(q, k_all, lat[:, :c.value_length_mla].float(), n_past, 1.0 / math.sqrt(c.key_length_mla))
         else:
-            wk_b, wv_b = lw["attn_k_b"], lw["attn_v_b"]  # [H, kvr, nope], [H, v, kvr]
-            qn = round_act(q_nope, wk_b.act).to(wk_b.w.dtype).transpose(0, 1)  # [H, T, nope]
-            q_abs = torch.bmm(qn, wk_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, kvr]
-            k_all = lat.float()  # [S, kvr + rope]
-            qq = torch.cat([q_abs, q_pe], -1)  # [T, H, kvr + rope]
-            o_lat = attend(qq, k_all, k_all[:, :kvr], n_past, 1.0 / math.sqrt(c.key_length_mla))  # [T, H, kvr]
-            ol = round_act(o_lat, wv_b.act).to(wv_b.w.dtype).transpose(0, 1)  # [H, T, kvr]
-            o = torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
+            o = self._mla_prefill(lw, st, q_nope, q_pe, lat, n_past)
         if "attn_gate" in p:  # K3: sigmoid output gate on the normed layer input
             o = o * torch.sigmoid(p["attn_gate"]).view(t, h, -1)
         return self._linear(o.reshape(t, -1), lw["attn_output"], add=residual)
+
+    def _mla_prefill(self, lw: dict[str, Any], st: MLAState, q_nope: Tensor, q_pe: Tensor, lat: Tensor,
+                     n_past: int | Tensor) -> Tensor:
+        """The absorbed MLA attention of T tokens over the latent rows lat [S, kvr + rope] (f16, the call's rows
+        written): [T, H, nope], [T, H, rope] -> [T, H, v] f32. With the kernels on, a call at a known n_past runs
+        kernels.mla_attend (causal, in one launch); else torch's `attend`."""
+        c = self.cfg
+        kvr, scale = c.kv_lora_rank, 1.0 / math.sqrt(c.key_length_mla)
+        wk_b, wv_b = lw["attn_k_b"], lw["attn_v_b"]  # [H, kvr, nope], [H, v, kvr]
+        fast = self.use_kernels and not isinstance(n_past, Tensor) and self._mla_kernel_fits(lw, st)
+        qn = round_act(q_nope, wk_b.act).to(wk_b.w.dtype).transpose(0, 1)  # [H, T, nope]
+        q_abs = torch.bmm(qn, wk_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, kvr]
+        if fast:
+            from . import kernels  # the causal attention over the f16 cache, in one launch
+
+            o_lat = kernels.mla_attend(q_abs, q_pe, st.latent, int(n_past), scale)  # [T, H, kvr]
+        else:
+            k_all = lat.float()  # [S, kvr + rope]
+            o_lat = attend(torch.cat([q_abs, q_pe], -1), k_all, k_all[:, :kvr], n_past, scale)  # [T, H, kvr]
+        ol = round_act(o_lat, wv_b.act).to(wv_b.w.dtype).transpose(0, 1)  # [H, T, kvr]
+        return torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
 
     # -- FFN -----------------------------------------------------------------------------------
     def _dense(self, lw: dict[str, Any], x: Tensor, norm: Tensor | None = None,
@@ -830,7 +849,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int | Tensor, scale: float) 
     0..n_past+t (n_past an int, or a [1] device tensor in the static step; later keys are masked). All
     in float32, as llama.cpp's tiled CPU flash attention over an f16 cache (which it uses for ubatches
     of >= 64 tokens; its per-row path for shorter ones rounds q and accumulates in f16). Scores are
-    computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET.
+    computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET, each block against
+    the keys up to its last query only (the causal half above the diagonal is skipped).
     """
     t, h, _ = q.shape
     s = k.shape[0]
@@ -839,10 +859,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int | Tensor, scale: float) 
     kpos = torch.arange(s, device=q.device)
     for t0 in range(0, t, blk):
         qb = q[t0:t0 + blk]
-        sc = (qb @ k.T) * scale  # [tb, H, S]
+        # the keys past a block's last query are masked for all of its rows: never read (with an int n_past)
+        sb = s if isinstance(n_past, Tensor) else min(s, n_past + t0 + int(qb.shape[0]))
+        sc = (qb @ k[:sb].T) * scale  # [tb, H, sb]
         qpos = n_past + t0 + torch.arange(qb.shape[0], device=q.device)
-        sc = sc.masked_fill((kpos[None, :] > qpos[:, None])[:, None, :], float("-inf"))
-        out.append(torch.softmax(sc, -1) @ v)  # [tb, H, Dv]
+        sc = sc.masked_fill((kpos[None, :sb] > qpos[:, None])[:, None, :], float("-inf"))
+        out.append(torch.softmax(sc, -1) @ v[:sb])  # [tb, H, Dv]
     return torch.cat(out, 0)
 
 
