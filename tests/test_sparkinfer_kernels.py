@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from engines.sparkinfer.graph import StaticDecoder
-from engines.sparkinfer.model import K3Model, _kernel_mats
+from engines.sparkinfer.model import K3Model, Mat, _kernel_mats
 from engines.sparkinfer.weights import load_weights
 from scoreboard.models.k3 import load_k3_config
 from scoreboard.weights.generate import generate
@@ -288,6 +288,30 @@ def test_mla_attend_matches_the_torch_form_causally(kernels, monkeypatch, q_spli
         kernels.mla_attend(q_abs, q_pe, latent, 3190, 0.1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+@pytest.mark.parametrize("n_past", [0, 300])
+def test_mla_sdpa_equals_the_absorbed_form(dtype, n_past):
+    """The prefill's decompressed form (model.mla_sdpa: per-head keys kv wk_b | k_pe and values kv wv_b^T through
+    torch's fused attention, the causal mask aligned to the call's last keys) computes the absorbed form's
+    attention: to rounding in float64, and within f16 rounding (the keys and values rounded once) in f16."""
+    from engines.sparkinfer.model import attend, mla_sdpa, mla_sdpa_weights
+
+    gen = torch.Generator().manual_seed(17 + n_past)
+    t, h, kvr, rope, nope, v = 48, 3, 64, 32, 32, 32
+    lat = torch.randn(n_past + t, kvr + rope, generator=gen, dtype=torch.float64)
+    wk, wv = (torch.randn(h, kvr, nope, generator=gen, dtype=torch.float64) * 0.2,
+              torch.randn(h, v, kvr, generator=gen, dtype=torch.float64) * 0.2)
+    qn, qp = torch.randn(t, h, nope, generator=gen, dtype=torch.float64), torch.randn(t, h, rope, generator=gen,
+                                                                                      dtype=torch.float64)
+    lw = {"attn_k_b": Mat(wk.to(dtype)), "attn_v_b": Mat(wv.to(dtype))}
+    got = mla_sdpa(qn.to(dtype), qp.to(dtype), lat.to(dtype), *mla_sdpa_weights(lw), n_past, 0.1)
+    q_abs = torch.einsum("thn,hcn->thc", qn, wk)
+    want = torch.einsum("thc,hvc->thv", attend(torch.cat([q_abs, qp], -1), lat, lat[:, :kvr], n_past, 0.1), wv)
+    assert got.shape == (t, h, v) and got.dtype == torch.float32
+    err = float((got.double() - want).norm() / want.norm())
+    assert err < (1e-6 if dtype == torch.float64 else 2e-3), err
+
+
 def test_chunk_scan_matches_the_token_by_token_recurrence(kernels):
     """The prefill's chunked delta rule with the recurrence in one launch equals the token-by-token form
     (outputs and final state), and leaves the caller's initial state alone."""
@@ -373,14 +397,18 @@ def mini(tmp_path_factory):
     return cfg, load_weights(cfg, tuple(cfg.shards), "cpu", torch.float16)[0]
 
 
-def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatch):
+@pytest.mark.parametrize("prefill_form", ["sdpa", "triton"])
+def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatch, prefill_form):
     """The model's own decode step (graph.StaticDecoder, the step a CUDA graph records) with the kernels
-    enabled, after a prefill through the causal kernel, gives the torch form's greedy tokens, and logits within
-    f16-level rounding. (Wider blocks than on the GPU: the interpreter runs one program at a time, so fewer,
-    wider programs keep this test short.)"""
+    enabled, after a prefill through each form of its MLA attention, gives the torch form's greedy tokens, and
+    logits within f16-level rounding. (Wider blocks than on the GPU: the interpreter runs one program at a time,
+    so fewer, wider programs keep this test short.)"""
+    import engines.sparkinfer.model as model_mod
+
     for name, width in (("BLOCK_F", 128), ("BLOCK_L", 64)):
         monkeypatch.setattr(kernels, name, width)
     monkeypatch.setattr(kernels, "vec_blocks", lambda n, k: (128, 512, 4))
+    monkeypatch.setattr(model_mod, "MLA_PREFILL_FORMS", (prefill_form,))
     cfg, w = mini
     torch.manual_seed(0)
     ids = torch.randint(0, 510, (40,), generator=torch.Generator().manual_seed(5))
@@ -389,8 +417,8 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
         model = K3Model(cfg, w)
         if use:
             note = model.enable_kernels()
-            assert note.startswith("triton") and "mla prefill" in note, note
-            assert model.use_kernels
+            assert note.startswith("triton") and f"mla prefill {prefill_form}" in note, note
+            assert model.use_kernels and model.mla_prefill == prefill_form
         dec = StaticDecoder(model, 256, capture=False)
         cache = dec.reset(len(ids) + 3)
         from engines.sparkinfer.engine import prefill
@@ -423,6 +451,22 @@ def test_a_kernel_that_fails_on_the_box_leaves_the_torch_form(kernels, mini, mon
     note = model.enable_kernels()
     assert not model.use_kernels and note.startswith("torch: the Triton kernels disagreed with the torch form")
     assert "res_mix" in note
+
+
+def test_a_box_without_fused_attention_prefills_through_the_triton_kernel(kernels, mini, monkeypatch):
+    """Where torch's fused attention takes no part of the decompressed form (it raises), the prefill's MLA
+    attention is the Triton kernel, and the note says so."""
+    import engines.sparkinfer.model as model_mod
+
+    def no_kernel(*a, **k):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(model_mod, "mla_sdpa", no_kernel)
+    cfg, w = mini
+    model = K3Model(cfg, w)
+    note = model.enable_kernels()
+    assert model.use_kernels and model.mla_prefill == "triton"
+    assert "mla prefill triton" in note and "sdpa" not in note
 
 
 def test_kernels_are_not_enabled_for_weights_they_do_not_fit(kernels, mini, tmp_path):
