@@ -5,15 +5,19 @@ Code paths (one for checking, the same for timing):
 * prefill — tokens go through ``K3Model.forward`` in chunks of ``prefill_chunk(geometry)`` tokens (chunked KDA,
   MLA over the f16 latent cache); ``logits()`` uses exactly this and returns, for each requested
   position p, the next-token logits after consuming ``token_ids[:p+1]``.
-* decode at depth d — :meth:`SparkInferEngine.begin` (untimed) builds a fresh cache and really prefills
-  the known context ``prompt[:d-1]`` through the chunked path. :meth:`step` (timed) gets the revealed
+* decode at depth d — :meth:`SparkInferEngine.begin` (untimed) fills the prepared engine's one persistent
+  cache with the known context ``prompt[:d-1]``: it restores the longest prefix snapshot an earlier begin()
+  left (prefix.py: the KDA state at the last multiple of the call size below that begin's end; the latent
+  rows stay in the cache) and really prefills the rest through the chunked path, in calls at the absolute
+  positions a prefill from zero would make, so the state is that prefill's, bit for bit (as llama-bench -d
+  restores its context state for every rep after the first). :meth:`step` (timed) gets the revealed
   token prompt[d-1] and runs ``n_tokens`` single-token forwards fed prompt[d-1], g1, ..., g(n-1)
   (gi = argmax of the forward before) and returns [g1, ..., gn]: the greedy continuation, token i being
   the argmax after consuming the prompt + tokens[:i] — what the round teacher-forces through the
   reference. :func:`greedy_decode` is this path, for tests. With ``options["cuda_graph"]`` (the default
   on CUDA) begin() prefills into graph.py's persistent buffers and captures the static-shape step once
   per attention span; step() replays it per token, fed the revealed token first.
-* prefill at depth d — :meth:`begin` prefills ``prompt[:d]`` (untimed); :meth:`step` ingests the
+* prefill at depth d — :meth:`begin` fills ``prompt[:d]`` the same way (untimed); :meth:`step` ingests the
   ``n_tokens`` revealed tokens in those chunks and returns ``[argmax]`` of the last position's
   logits (one id).
 
@@ -56,6 +60,7 @@ from . import options as _options
 from .faults import Faults, apply_config_faults, parse_faults
 from .graph import StaticDecoder
 from .model import CACHE_DTYPE, K3Cache, K3Model
+from .prefix import PrefixStore
 from .weights import load_weights
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,20 +81,34 @@ class Loaded:
     faults: Faults
     decode_steps: int = 0  # decode step() calls in this process (the cheat_when_timed fault counts them)
     static_decode: bool = False  # decode through graph.StaticDecoder (captured in a CUDA graph on CUDA)
-    decoder: StaticDecoder | None = None  # built by the first decode begin() that uses it
+    decoder: StaticDecoder | None = None  # built by the first begin() that uses it (static_decode)
+    context: Context | None = None  # the cache every begin() fills, and its prefix snapshots
+
+
+@dataclass
+class Context:
+    """The one persistent cache of a prepared engine (the static decoder's buffers when static_decode is on):
+    every begin() fills it, restoring what it can from the prefix snapshots (prefix.py); `generation` counts
+    the begin() calls, so a state made by an earlier one is refused."""
+
+    cache: K3Cache
+    store: PrefixStore
+    generation: int = 0
 
 
 @dataclass
 class DecodeState:
     cache: K3Cache  # the known context prompt[:depth-1], filled
     n_tokens: int
-    generation: int | None = None  # the StaticDecoder reset this state lives in; None: eager decode
+    generation: int  # the begin() this state was made by (Context.generation)
+    static: bool = False  # step() replays the StaticDecoder's step
 
 
 @dataclass
 class PrefillState:
     cache: K3Cache  # prompt[:depth], filled
     n_tokens: int  # the revealed tokens step() ingests
+    generation: int
 
 
 def checked_config(target: EngineTarget) -> Any:
@@ -256,15 +275,20 @@ class SparkInferEngine(Engine):
             raise EngineError(f"{workload.phase} workload has {len(p)} known prompt ids, depth {d} gives "
                               f"{workload.known_len}", "build workloads with Workload.split")
         need = d + n  # cache rows: the context plus the tokens the timed part feeds
+        known = _checked(h, p)
         with torch.inference_mode():
-            if workload.phase == "decode" and h.static_decode:
-                return _begin_static(h, p, d, n, _n_ctx(h.geometry, need))
-            cache = h.model.new_cache(_n_ctx(h.geometry, need))
-            if p:
-                prefill(h.model, cache, _ids(h, p), prefill_chunk(h.geometry), [])
+            ctx = _context(h, _n_ctx(h.geometry, need))
+            static = workload.phase == "decode" and h.decoder is not None
+            if static:
+                h.decoder.ready(need)  # type: ignore[union-attr]  # the span's graph, captured on first use
+            ctx.generation += 1
+            ctx.store.begin(ctx.cache, known, lambda cache, ids: prefill(h.model, cache, ids, prefill_chunk(h.geometry),
+                                                                         []), h.device)
+            if h.decoder is not None:
+                h.decoder.check()
             if workload.phase == "prefill":
-                return PrefillState(cache, n)
-            return DecodeState(cache, n)
+                return PrefillState(ctx.cache, n, ctx.generation)
+            return DecodeState(ctx.cache, n, ctx.generation, static)
 
     def step(self, prepared: Prepared, state: DecodeState | PrefillState, revealed: tuple[int, ...]) -> list[int]:
         h = _handle(prepared)
@@ -274,6 +298,7 @@ class SparkInferEngine(Engine):
                               "pass exactly the revealed part of the prompt")
         with torch.inference_mode():
             ids = _ids(h, revealed)
+            _owner(h, state).store.writes_from(state.cache.n_past)  # decode and prefill write from n_past on
             if isinstance(state, PrefillState):
                 n = int(ids.shape[0])
                 last = prefill(h.model, state.cache, ids, prefill_chunk(h.geometry), [state.cache.n_past + n - 1])
@@ -281,9 +306,9 @@ class SparkInferEngine(Engine):
             h.decode_steps += 1
             if h.faults.cheat_when_timed and h.decode_steps > 1 and os.path.exists("clock.to-worker"):
                 return [int(revealed[0])] * state.n_tokens  # the shortcut: no forward passes at all
-            if state.generation is None:
+            if not state.static:
                 return decode(h.model, state.cache, ids, state.n_tokens)
-            return _decoder(h, state).run(ids, state.n_tokens)
+            return h.decoder.run(ids, state.n_tokens)  # type: ignore[union-attr]  # static: made by begin()
 
     def synchronize(self, prepared: Prepared) -> None:
         h = prepared.handle
@@ -334,23 +359,25 @@ def decode(model: K3Model, cache: K3Cache, seed: torch.Tensor, n_tokens: int) ->
     return [int(x) for x in torch.cat(out).tolist()]
 
 
-def _begin_static(h: Loaded, p: list[int], d: int, n: int, n_ctx: int) -> DecodeState:
-    """begin() of a decode workload on the static path: reset (and on first use capture) the persistent
-    decoder, prefill the context into its buffers in place."""
-    if h.decoder is None or h.decoder.n_ctx != n_ctx:
-        h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
-    cache = h.decoder.reset(d + n)
-    if p:
-        prefill(h.model, cache, _ids(h, p), prefill_chunk(h.geometry), [])
-    h.decoder.check()
-    return DecodeState(cache, n, generation=h.decoder.generation)
+def _context(h: Loaded, n_ctx: int) -> Context:
+    """The prepared engine's persistent cache for n_ctx rows (made on first use, or anew for another n_ctx): the
+    static decoder's buffers when static_decode is on (built here, capturing nothing yet), else a plain cache."""
+    if h.context is None or h.context.cache.n_ctx != n_ctx:
+        if h.static_decode:
+            h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
+            cache = h.decoder.cache
+        else:
+            cache = h.model.new_cache(n_ctx)
+        h.context = Context(cache, PrefixStore(prefill_chunk(h.geometry)))
+    return h.context
 
 
-def _decoder(h: Loaded, state: DecodeState) -> StaticDecoder:
-    if h.decoder is None or h.decoder.generation != state.generation:
-        raise EngineError("sparkinfer: this decode state was superseded by a later begin() (one static decoder "
-                          "per prepared engine)", "call step() on a state before the next begin()")
-    return h.decoder
+def _owner(h: Loaded, state: DecodeState | PrefillState) -> Context:
+    """The context a state was made in, while no later begin() has taken it over."""
+    if h.context is None or h.context.generation != state.generation or h.context.cache is not state.cache:
+        raise EngineError("sparkinfer: this state was superseded by a later begin() (one cache per prepared "
+                          "engine)", "call step() on a state before the next begin()")
+    return h.context
 
 
 def greedy_decode(prepared: Prepared, prompt_ids: list[int] | tuple[int, ...], depth: int, n_tokens: int) -> list[int]:
@@ -369,12 +396,16 @@ def _handle(prepared: Prepared) -> Loaded:
     return prepared.handle
 
 
-def _ids(h: Loaded, ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+def _checked(h: Loaded, ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
     bad = [i for i in ids if not 0 <= int(i) < h.cfg.n_vocab]
     if bad:
         raise EngineError(f"token ids {bad[:5]} outside the vocabulary (0..{h.cfg.n_vocab - 1})",
                           "tokenize with this model's tokenizer")
-    return torch.tensor([int(i) for i in ids], dtype=torch.long, device=h.device)
+    return tuple(int(i) for i in ids)
+
+
+def _ids(h: Loaded, ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(_checked(h, ids), dtype=torch.long, device=h.device)
 
 
 def _n_ctx(geometry: Geometry, need: int) -> int:

@@ -15,7 +15,10 @@ So n tokens are n replays and one read of ``hist`` at the end. Routed experts ar
 
 A graph holds the storage of every buffer it touches: the prefill in begin() writes into the same
 buffers in place (:meth:`StaticDecoder.check` verifies it did). The latent span is a power of two
->= the rows a workload needs (one graph per span, captured on first use, in the untimed begin()).
+>= the rows a workload needs (one graph per span, captured on first use, in the untimed begin(); the rows
+outside 0..pos are masked, so at a shallow position of a large span the MLA kernel's programs past pos
+exit at once). The buffers outlive a sequence: the engine's begin() restores a prefix snapshot into them
+(prefix.py), so a capture keeps the latent rows its warm-up steps write over (:meth:`StaticDecoder.ready`).
 On CPU nothing is captured and the same step runs eagerly (what the equivalence tests exercise).
 """
 
@@ -62,8 +65,7 @@ class StaticDecoder:
         self.logits = torch.zeros(1, model.cfg.n_vocab, device=dev)  # [1, V] f32, the last step's
         self.hist = torch.zeros(n_ctx, dtype=torch.long, device=dev)  # [n_ctx] argmax after position p
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.span = 0  # the current sequence's span (set by reset)
-        self.generation = 0  # bumped by every reset: a DecodeState remembers the one it was made in
+        self.span = 0  # the current sequence's span (set by ready)
         self._ptrs = [b.data_ptr() for b in _buffers(self.cache)]
 
     def step(self, span: int) -> None:
@@ -76,7 +78,11 @@ class StaticDecoder:
         self.pos.add_(1)
 
     def _capture(self, span: int) -> torch.cuda.CUDAGraph:
-        """Warm the step up on a side stream, then record it (both clobber the buffers: reset follows)."""
+        """Warm the step up on a side stream, then record it. Both run steps at positions 0..WARMUP: the latent
+        rows they write are put back afterwards (a prefix snapshot may need them); the recurrent state they
+        change is the caller's to reset or restore."""
+        kept = [(st.latent, st.latent[:WARMUP + 1].clone()) for st in self.cache.layers.values()
+                if hasattr(st, "latent")]
         self.tok.zero_()
         self.pos.zero_()
         side = torch.cuda.Stream(device=self.model.device)
@@ -88,11 +94,13 @@ class StaticDecoder:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.step(span)
+        for latent, rows in kept:
+            latent[:WARMUP + 1].copy_(rows)
         return graph
 
-    def reset(self, need: int) -> K3Cache:
-        """Ready for a new sequence of at most `need` rows: capture its span's graph if new (CUDA), zero
-        the state in place; returns the cache to prefill into (n_past 0)."""
+    def ready(self, need: int) -> K3Cache:
+        """Ready for a sequence of at most `need` rows: its span, and that span's graph captured if new (CUDA).
+        The state is left as it is (the latent rows too): the caller resets or restores it."""
         if need > self.n_ctx:
             raise EngineError(f"{need} tokens do not fit the decoder's n_ctx {self.n_ctx}",
                               "raise geometry.n_ctx in the target, or ask for less depth")
@@ -103,11 +111,15 @@ class StaticDecoder:
             except RuntimeError as exc:
                 raise EngineError(f"capturing the decode step in a CUDA graph (span {self.span}) failed: {exc}",
                                   "set options.cuda_graph = false in the target to decode eagerly") from exc
+        return self.cache
+
+    def reset(self, need: int) -> K3Cache:
+        """ready(need), then the state zeroed in place: returns the cache to prefill into (n_past 0)."""
+        self.ready(need)
         for b in _buffers(self.cache):
             b.zero_()
         self.hist.zero_()
         self.cache.n_past = 0
-        self.generation += 1
         return self.cache
 
     def check(self) -> None:
