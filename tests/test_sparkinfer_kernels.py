@@ -425,7 +425,7 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
 
         first = prefill(model, cache, ids, 512, [len(ids) - 1]).argmax(-1)
         dec.check()
-        toks = dec.run(first, 3)
+        toks = dec.run(first, 3)[0]
         runs[use] = (toks, dec.logits.clone())
     assert runs[True][0] == runs[False][0]
     a, b = runs[True][1], runs[False][1]
