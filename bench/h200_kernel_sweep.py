@@ -53,7 +53,7 @@ OTHER_TILES: dict[str, dict[str, tuple[int, ...]]] = {
     "kda_step": {"WARPS.kda_step": (4, 8, 16)}, "res_mix": {"RES_MIX_COLS": (0, 128, 256, 512)}, "route": {},
     "situ_vec": {}}
 QUICK_OTHER: dict[str, dict[str, tuple[int, ...]]] = {
-    "mla_decode": {"MLA_ROWS_MIN": (128,), "MLA_BT": (32,), "WARPS.mla_split": (8,)},
+    "mla_decode": {"MLA_ROWS_MIN": (128,), "MLA_BT": (64,), "WARPS.mla_split": (4,)},
     "kda_step": {"WARPS.kda_step": (8,)}, "res_mix": {"RES_MIX_COLS": (0, 256)}, "route": {}, "situ_vec": {}}
 # tiles a kernel cannot take: a step of more rows than a split has would read the next split's rows too
 OTHER_VALID = {"mla_decode": lambda t: t["MLA_BT"] <= t["MLA_ROWS_MIN"]}

@@ -95,7 +95,7 @@ def cases(name: str) -> list[Case]:
                                           "ROPE": "constexpr", "NOPE": "constexpr", "BC": "constexpr"},
                 {"KVR": kvr, "ROPE": rope, "NOPE": nope, "BC": min(kvr, 32)}, 4))
     split = {"qa_ptr": P, "lat_ptr": H, "pos_ptr": I64, "m_ptr": P, "l_ptr": P, "acc_ptr": P, "H": "i32",
-             "rows_per": "i32", "qscale": "fp32", "KVR": "constexpr", "ROPE": "constexpr", "BH": "constexpr",
+             "n_split": "i32", "rows_min": "i32", "qscale": "fp32", "KVR": "constexpr", "ROPE": "constexpr", "BH": "constexpr",
              "BT": "constexpr", "Q_SPLIT": "constexpr", "P_SPLIT": "constexpr"}
     causal = {"qa_ptr": P, "lat_ptr": H, "out_ptr": P, "n_rows": "i32", "H": "i32", "pos0": "i32", "qscale": "fp32",
               "KVR": "constexpr", "ROPE": "constexpr", "BM": "constexpr", "BT": "constexpr", "Q_SPLIT": "constexpr",
@@ -109,9 +109,9 @@ def cases(name: str) -> list[Case]:
                         {"KVR": kvr, "ROPE": rope, "BM": K.MLA_BM, "BT": K.MLA_CAUSAL_BT, "Q_SPLIT": q_split,
                          "P_SPLIT": p_split}, K.WARPS["mla_causal"], K.STAGES["mla_causal"]))
     out.append(("mla_combine", K._mla_combine, {"m_ptr": P, "l_ptr": P, "acc_ptr": P, "pos_ptr": I64, "olat_ptr": P,
-                                                "H": "i32", "rows_per": "i32", "n_split": "i32", "KVR": "constexpr",
-                                                "BS": "constexpr", "BC": "constexpr"},
-                {"KVR": kvr, "BS": K.MLA_COMBINE_SPLITS, "BC": min(kvr, K.MLA_COMBINE_COLS)}, 4))
+                                                "H": "i32", "n_split": "i32", "rows_min": "i32", "KVR": "constexpr",
+                                                "BT": "constexpr", "BS": "constexpr", "BC": "constexpr"},
+                {"KVR": kvr, "BT": K.MLA_BT, "BS": K.MLA_COMBINE_SPLITS, "BC": min(kvr, K.MLA_COMBINE_COLS)}, 4))
     out.append(("mla_vout", K._mla_vout, {"olat_ptr": P, "wvb_ptr": H, "gate_ptr": P, "out_ptr": P,
                                           "HAS_GATE": "constexpr", "KVR": "constexpr", "V": "constexpr",
                                           "BV": "constexpr"},

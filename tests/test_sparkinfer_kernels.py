@@ -194,12 +194,15 @@ def _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, scale):
 
 HALF_F16_ULP = 2.0 ** -13  # the softmax weights in one f16 part: each rounded by up to 2^-12 relative, the sum less
 
-# (heads, kvr, cache rows, span, pos, MLA_ROWS_MIN, MLA_PROGRAMS): a short span of 3 splits, pos in the middle of
-# the second and the third beyond it; a long cache of 4096 rows in 32 splits, 20 heads (a second, partial block
-# of MLA_BH), pos in the middle of split 22 and 9 splits with no live row; 128 splits of 32 rows (the combine
-# loops over its MLA_COMBINE_SPLITS twice), pos in the last live one
-MLA_CASES = {"short": (2, 64, 256, 160, 100, 64, 264), "long": (20, 128, 6000, 4096, 2900, 128, 264),
-             "many splits": (4, 64, 4200, 4096, 4000, 32, 10_000)}
+# (heads, kvr, cache rows, span, pos, MLA_ROWS_MIN, MLA_PROGRAMS, MLA_BT) -> (splits, rows per split, the split
+# holding pos): a short span of 3 splits, pos in the middle of the second and the third beyond it; 4096 rows in
+# 32 splits, 20 heads (a second, partial block of MLA_BH), pos in the middle of split 22 and 9 splits with no live
+# row; 128 splits of 32 rows (the combine loops over its MLA_COMBINE_SPLITS twice), pos in the last live one; a
+# shallow position in a large span, whose rows per split follow pos, not the span: 14 of its 16 splits live
+MLA_CASES = {"short": ((2, 64, 256, 160, 100, 64, 264, 64), (3, 64, 1)),
+             "long": ((20, 128, 6000, 4096, 2900, 128, 264, 64), (32, 128, 22)),
+             "many splits": ((4, 64, 4200, 4096, 4000, 32, 10_000, 32), (128, 32, 125)),
+             "shallow in a large span": ((3, 64, 4200, 4096, 2100, 32, 16, 32), (16, 160, 13))}
 
 
 @pytest.mark.parametrize("case", sorted(MLA_CASES))
@@ -209,9 +212,10 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gate
     the span (rows beyond pos hold large junk, and the dead splits' scratch garbage: masked, never mixed in) matches the same arithmetic in float64.
     The scores come from hi + lo f16 parts of q on the tensor cores (f32-level), the weights in one f16 part
     (~1e-5 relative over a few hundred rows) or in two (p_split)."""
-    h, kvr, n_ctx, span, pos, rows_min, programs = MLA_CASES[case]
+    (h, kvr, n_ctx, span, pos, rows_min, programs, bt), cut = MLA_CASES[case]
     monkeypatch.setattr(kernels, "MLA_ROWS_MIN", rows_min)
     monkeypatch.setattr(kernels, "MLA_PROGRAMS", programs)
+    monkeypatch.setattr(kernels, "MLA_BT", bt)
     monkeypatch.setattr(kernels, "MLA_P_SPLIT", p_split)
     gen = torch.Generator().manual_seed(9 + gated + h)
     rope, nope, v = 64, 32, 32
@@ -232,8 +236,9 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gate
         return out.fill_(float("nan")) if out.is_floating_point() else out
 
     monkeypatch.setattr(kernels.torch, "empty", nan_empty)
-    rows = kernels.mla_rows_per_split(span, -(-h // kernels.MLA_BH))
-    assert (span // rows, pos // rows) == {"short": (2, 1), "long": (32, 22), "many splits": (128, 125)}[case]
+    n_split = kernels.mla_splits(span, -(-h // kernels.MLA_BH))
+    rows = kernels.mla_rows_per(pos, n_split)
+    assert (n_split, rows, pos // rows) == cut
     got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
     row, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, 0.1)
     assert torch.equal(latent[pos], row.half())  # the row written, f16

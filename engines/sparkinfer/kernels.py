@@ -84,8 +84,8 @@ BLOCK_SITU = 1024  # columns per program in situ_vec
 # k3-gpu token). bench/h200_kernel_sweep.py times the splits before a step sets one
 RES_MIX_COLS = 0
 # mla_decode's split (flash-decoding): each program reads its latent rows once for MLA_BH heads (a tl.dot needs
-# at least 16 rows: k3-gpu's 16 heads are one block, k3-wide's 96 six), MLA_BT rows per step. Rows per program
-# grow with the span so that about MLA_PROGRAMS programs share it (two per multiprocessor of an H200's 132); the
+# at least 16 rows: k3-gpu's 16 heads are one block, k3-wide's 96 six), MLA_BT rows per step. About MLA_PROGRAMS
+# programs (two per multiprocessor of an H200's 132) share the rows 0..pos, at least MLA_ROWS_MIN rows each; the
 # combine merges MLA_COMBINE_SPLITS splits per step in programs of MLA_COMBINE_COLS latent columns. The tile
 # (16 heads, 64 rows, 4 warps, 2 stages) was the fastest of bench/mla_depth.py's grid on one H200 (2026-12-02,
 # Triton 3.6, bench/results-h200-2026-12-02-mla-depth): one token over 262,044 rows of k3-gpu's widths in
@@ -532,17 +532,26 @@ def _mla_step(ah, al, ph, pl, sw, lat_ptr, t, rows_ok, seen, m_i, l_i, acc, KVR:
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["H", "rows_per"])
-def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, rows_per, qscale, KVR: tl.constexpr,
+@triton.jit
+def _mla_rows_per(pos, n_split, rows_min, BT: tl.constexpr):
+    # rows per split at this position: the live rows 0..pos over the n_split splits, in whole steps of BT rows,
+    # at least rows_min (a shallow position in a large graph span still fills the splits it needs)
+    return tl.maximum(tl.cdiv(tl.cdiv(pos + 1, n_split), BT) * BT, rows_min)
+
+
+@triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
+def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split, rows_min, qscale, KVR: tl.constexpr,
                ROPE: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, Q_SPLIT: tl.constexpr,
                P_SPLIT: tl.constexpr):
-    # flash-decoding: one (block of BH heads, split of rows_per latent rows); the split's rows 0..pos are read
-    # once for all BH heads. A split whose rows all lie beyond pos exits at once and writes nothing (the
-    # combine reads only the splits that hold a row <= pos). Writes the split's running max, sum and weighted
-    # latent sum per head: m, l [n_split, H], acc [n_split, H, KVR]
+    # flash-decoding: one (block of BH heads, split of the latent rows 0..pos); the split's rows are read once
+    # for all BH heads. Rows per split follow pos (read on the device), so every split holds live rows whatever
+    # the span; a split past pos (a shallow position) exits at once and writes nothing (the combine reads only
+    # the splits that hold a row <= pos). Writes the split's running max, sum and weighted latent sum per head:
+    # m, l [n_split, H], acc [n_split, H, KVR]
     hb = tl.program_id(0)
     sp = tl.program_id(1)
     pos = tl.load(pos_ptr).to(tl.int32)
+    rows_per = _mla_rows_per(pos, n_split, rows_min, BT)
     lo = sp * rows_per
     hi = tl.minimum(lo + rows_per, pos + 1)
     if lo < hi:
@@ -563,14 +572,16 @@ def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, rows_per, qsc
         tl.store(acc_ptr + at[:, None] * KVR + tl.arange(0, KVR)[None, :], acc, mask=hm[:, None])
 
 
-@triton.jit(do_not_specialize=["H", "rows_per", "n_split"])
-def _mla_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, olat_ptr, H, rows_per, n_split, KVR: tl.constexpr,
-                 BS: tl.constexpr, BC: tl.constexpr):
-    # one (head, block of BC latent columns): the live splits (those holding a row <= pos) merged by their
-    # running maxima, looping over them BS at a time; -> the normalized latent mix olat [H, KVR]
+@triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
+def _mla_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, olat_ptr, H, n_split, rows_min, KVR: tl.constexpr,
+                 BT: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr):
+    # one (head, block of BC latent columns): the live splits (those holding a row <= pos, as _mla_split cut
+    # them) merged by their running maxima, looping over them BS at a time; -> the normalized latent mix
+    # olat [H, KVR]
     h = tl.program_id(0)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    n_live = tl.minimum(tl.load(pos_ptr).to(tl.int32) // rows_per + 1, n_split)
+    pos = tl.load(pos_ptr).to(tl.int32)
+    n_live = tl.minimum(pos // _mla_rows_per(pos, n_split, rows_min, BT) + 1, n_split)
     mv = tl.full([BS], -float("inf"), dtype=tl.float32)
     for s0 in range(0, n_live, BS):
         s = s0 + tl.arange(0, BS)
@@ -647,13 +658,15 @@ def mla_attend(q_abs: Tensor, q_pe: Tensor, latent: Tensor, n_past: int, scale: 
     return out
 
 
-def mla_rows_per_split(span: int, head_blocks: int) -> int:
-    """Latent rows per program of mla_decode's split: a power of two (at least MLA_ROWS_MIN) that spreads `span`
-    rows x `head_blocks` over about MLA_PROGRAMS programs (span 131072, one head block: 512 rows, 256 splits)."""
-    rows = MLA_ROWS_MIN
-    while triton.cdiv(span, rows) * head_blocks > MLA_PROGRAMS:
-        rows *= 2
-    return rows
+def mla_splits(span: int, head_blocks: int) -> int:
+    """mla_decode's splits of a span: about MLA_PROGRAMS programs over the head blocks, and no more than a span of
+    MLA_ROWS_MIN-row splits holds (k3-gpu's 16 heads: 264 at span >= 33792; k3-wide's 96: 44)."""
+    return max(1, min(triton.cdiv(span, MLA_ROWS_MIN), MLA_PROGRAMS // head_blocks))
+
+
+def mla_rows_per(pos: int, n_split: int) -> int:
+    """The latent rows per split at position pos (what _mla_rows_per computes on the device)."""
+    return max(triton.cdiv(triton.cdiv(pos + 1, n_split), MLA_BT) * MLA_BT, MLA_ROWS_MIN)
 
 
 def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tensor, span: int, wk_b: Tensor,
@@ -680,17 +693,17 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
                               kv_norm.float().contiguous(), latent, pos, qa, eps, KVR=kvr, ROPE=rope,
                               NOPE=nope, BC=bc)
     hb = triton.cdiv(h, MLA_BH)
-    rows = mla_rows_per_split(span, hb)
-    n_split = triton.cdiv(span, rows)
+    n_split = mla_splits(span, hb)
     m = torch.empty(n_split, h, dtype=torch.float32, device=dev)
     lsum = torch.empty(n_split, h, dtype=torch.float32, device=dev)
     acc = torch.empty(n_split, h, kvr, dtype=torch.float32, device=dev)
-    _mla_split[(hb, n_split)](qa, latent, pos, m, lsum, acc, h, rows, scale * LOG2E, KVR=kvr, ROPE=rope, BH=MLA_BH, BT=MLA_BT,
+    _mla_split[(hb, n_split)](qa, latent, pos, m, lsum, acc, h, n_split, MLA_ROWS_MIN, scale * LOG2E, KVR=kvr, ROPE=rope, BH=MLA_BH, BT=MLA_BT,
                               Q_SPLIT=True, P_SPLIT=MLA_P_SPLIT, num_warps=WARPS["mla_split"],
                               num_stages=STAGES["mla_split"])
     olat = torch.empty(h, kvr, dtype=torch.float32, device=dev)
     bcc = min(kvr, MLA_COMBINE_COLS)
-    _mla_combine[(h, kvr // bcc)](m, lsum, acc, pos, olat, h, rows, n_split, KVR=kvr, BS=MLA_COMBINE_SPLITS,
+    _mla_combine[(h, kvr // bcc)](m, lsum, acc, pos, olat, h, n_split, MLA_ROWS_MIN, KVR=kvr, BT=MLA_BT,
+                                  BS=MLA_COMBINE_SPLITS,
                                   BC=bcc)
     out = torch.empty(1, h * v, dtype=torch.float32, device=dev)
     g = out if gate is None else gate.reshape(-1).float().contiguous()
