@@ -41,9 +41,10 @@ def small_calls(monkeypatch):
     torch.set_num_threads(before)
 
 
-def _prepared(shards, static: bool):
+def _prepared(shards, static: bool, device: str = "cpu", **options):
     engine = E.SparkInferEngine()
-    prep = engine.prepare(EngineTarget("k3-mini-cpu", shards[0], tuple(shards), "cpu", GEOM), Path("unused"))
+    prep = engine.prepare(EngineTarget("k3-mini-cpu", shards[0], tuple(shards), device, GEOM, options=options),
+                          Path("unused"))
     prep.handle.static_decode = static  # the CUDA targets' path (captured there), run eagerly on CPU
     return engine, prep
 
@@ -51,7 +52,7 @@ def _prepared(shards, static: bool):
 def _fresh(model, ids: tuple[int, ...]):
     cache = model.new_cache(GEOM.n_ctx)
     if ids:
-        E.prefill(model, cache, torch.tensor(ids), CHUNK, [])
+        E.prefill(model, cache, torch.tensor(ids, device=model.device), CHUNK, [])
     return cache
 
 
@@ -149,3 +150,21 @@ def test_snapshots_are_bounded_longest_first_and_fixed_in_size(shards, prompt):
 def test_the_store_refuses_nonsense_settings():
     with pytest.raises(ValueError, match="chunk 0"):
         PrefixStore(0)
+
+
+@pytest.mark.gpu
+def test_restored_begins_are_bit_exact_on_cuda_with_the_kernels_and_the_graph(shards, prompt):
+    """On the GPU targets' path (float16, the Triton kernels checked at prepare, the captured graph): each begin()
+    equals a prefill from zero on the same device, bit for bit, restored or not, and the graph decodes the same
+    ids after each."""
+    engine, prep = _prepared(shards, True, "cuda", dtype="float16", cuda_graph=True)
+    model = prep.handle.model
+    assert prep.identity.extra["kernels"].startswith("triton") and model.use_kernels
+    with torch.inference_mode():
+        outs = []
+        for depth, restored in ((300, 0), (300, 256), (700, 256), (700, 640)):
+            state, revealed, known = _begin(engine, prep, "decode", depth, prompt)
+            assert prep.handle.context.store.restored == restored
+            _assert_same_state(state.cache, _fresh(model, known))
+            outs.append(engine.step(prep, state, revealed))
+        assert prep.handle.decoder.graphs and outs[0] == outs[1] and outs[2] == outs[3]

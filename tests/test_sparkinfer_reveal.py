@@ -144,3 +144,25 @@ def test_step_logits_needs_a_step(prepared, prompt, contract3):
     engine, prep = prepared
     with pytest.raises(EngineError, match="has no step"):
         engine.step_logits(prep)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_captured_graph_gives_the_eager_ids_logprobs_and_rows_on_cuda(shards, prompt, monkeypatch, k):
+    """float16 with the kernels: the CUDA graph's step writes each logits row and its log-probability; they are
+    the eager decode's within f16-level rounding, with the same ids."""
+    monkeypatch.setattr(contract, "StepOutput", StepOutput, raising=False)
+    engine = SparkInferEngine()
+    runs = {}
+    for graph in (True, False):
+        t = EngineTarget("k3-mini-cpu", shards[0], tuple(shards), "cuda", GEOM,
+                         options={"dtype": "float16", "cuda_graph": graph})
+        prep = engine.prepare(t, Path("unused"))
+        assert prep.handle.model.use_kernels
+        wl, revealed = reveal(prompt, 500, 16, k)
+        out = engine.step(prep, engine.begin(prep, wl), revealed)
+        runs[graph] = (out, _check_rows(engine, prep, out))
+        assert bool(prep.handle.decoder and prep.handle.decoder.graphs) == graph
+    (g_out, g_rows), (e_out, e_rows) = runs[True], runs[False]
+    assert g_out.token_ids == e_out.token_ids
+    assert np.allclose(g_rows, e_rows, atol=1e-2 * float(np.abs(e_rows).max()))
