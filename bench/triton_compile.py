@@ -122,7 +122,7 @@ def cases(name: str) -> list[Case]:
                 {"H": c.n_head, "C": 16, "DK": hd, "DV": hd, "BV": min(hd, K.SCAN_BV)}, K.WARPS["chunk_scan"]))
     out.append(("grouped_mm", K._grouped_mm, {"x_ptr": H, "w_ptr": H, "tiles_ptr": "*i32", "out_ptr": P, "N": "i32",
                                               "K": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"},
-                {"BM": K.GMM_BM, "BN": K.GMM_BN, "BK": K.GMM_BK}, 4))
+                {"BM": K.GMM_BM, "BN": K.GMM_BN, "BK": K.GMM_BK}, K.WARPS["grouped_mm"], K.STAGES["grouped_mm"]))
     return out
 
 

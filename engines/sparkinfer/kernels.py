@@ -108,14 +108,18 @@ MLA_BM = 32
 MLA_CAUSAL_BT = 128
 MLA_CAUSAL_Q_SPLIT = False
 LOG2E = 1.4426950408889634  # the kernels' softmaxes run in base 2: exp(x) = exp2(x log2 e)
-GMM_BM, GMM_BN, GMM_BK = 64, 64, 32  # grouped_mm's tile
+# grouped_mm's tile (rows, columns, reduction step; 8 warps, 3 stages below): the fastest of bench/grouped_tiles.py's
+# grid on one H200 (2026-12-02, Triton 3.6, bench/results-h200-2026-12-02-grouped-tiles): one 2048-token call's
+# two products of a MoE layer at k3-wide's widths 12.66 + 6.47 ms at (64, 64, 32, 4 warps) -> 3.45 + 1.96 ms (419
+# and 368 TFLOP/s), at k3-gpu's 0.744 + 0.591 -> 0.518 + 0.379 ms; the outputs equal (f32 sums of exact products)
+GMM_BM, GMM_BN, GMM_BK = 128, 256, 64
 SCAN_BV = 16  # value columns per chunk_scan program
 # warps per program where the default 4 spills: ptxas for sm_90 (Triton 3.6, bench/triton_compile.py) gave
 # kda_step 255 registers + 72 B stack at 8 warps (104 B at 16), chunk_scan 172 and no stack at 8 warps with 16
 # value columns (255 + 264 B at 4 warps with 32); mla_split at its tile above: 255 + 664 B (Triton 3.8), which
 # still beat every tile that does not spill
-WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8}
-STAGES = {"mla_split": 2, "mla_causal": 2}  # software-pipelined loads in flight per loop (Triton's default 3)
+WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8, "grouped_mm": 8}
+STAGES = {"mla_split": 2, "mla_causal": 2, "grouped_mm": 3}  # software-pipelined loads in flight per loop (Triton's default 3)
 BLOCK_K = 512  # experts_in_situ's reduction step over the latent (f16 weights: 1 KB per row per step)
 # experts_down_sum's reduction step over F. Its bytes in flight are LAT x BLOCK_KD x 2 per pipeline stage whatever
 # BLOCK_L is: at 128 that was 256 KB on k3-gpu, where an H200 wants a few MB; at 1024, 2 MB
@@ -795,7 +799,8 @@ def grouped_mm(x: Tensor, w: Tensor, counts: list[int]) -> Tensor:
         return out
     table = torch.tensor(tiles, dtype=torch.int32).to(x.device, non_blocking=True)
     _grouped_mm[(len(tiles), triton.cdiv(nn, GMM_BN))](x.contiguous(), w, table, out, nn, k, BM=GMM_BM, BN=GMM_BN,
-                                                       BK=GMM_BK)
+                                                       BK=GMM_BK, num_warps=WARPS["grouped_mm"],
+                                                       num_stages=STAGES["grouped_mm"])
     return out
 
 
