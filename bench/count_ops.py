@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     lock = load_lock(Path("reference.lock"))
     t = lock.targets[args.target]
     shards = ensure_generated(lock, t.weights)
-    geom = Geometry(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=1)
+    geom = Geometry(n_ctx=max(2048, args.depth + 64, args.prefill + 64), n_batch=512, n_ubatch=512, n_threads=1)
     engine = SparkInferEngine()
     opts = {k: v for k, v in dict(t.candidate_options).items() if k != "cuda_graph"}
     if args.dtype:
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         K.res_mix = counted(K.res_mix, 1)
         K.kda_step = counted(K.kda_step, 1)
         K.mla_decode = counted(K.mla_decode, 4)
+        K.mla_attend = counted(K.mla_attend, 1)
         K.chunk_scan = counted(K.chunk_scan, 1)
         K.grouped_mm = counted(K.grouped_mm, 1)
         m = prep.handle.model

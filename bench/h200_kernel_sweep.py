@@ -9,7 +9,8 @@ bytes in flight (rows per program x reduction step x programs). This measures, p
 - `decode_experts`, one launch's tiles at a time: gate|up columns per program BLOCK_F x latent step BLOCK_K, then
   down rows per program BLOCK_L x F step BLOCK_KD, and both launches at their best together;
 - the token's other kernels (`mla_decode` at the scored depth's span, `kda_step`, `res_mix`, `route`, `situ_vec`)
-  at their current constants, `mla_decode` over its split (MLA_ROWS x MLA_BT x the combine's warps), `kda_step`
+  at their current constants, `mla_decode` over its split (least rows per split x rows per step x the split's
+  warps), `kda_step`
   over its warps and `res_mix` over its columns per program: what the products and experts leave of the token;
 each as the device time of one launch inside a CUDA graph of `--graph-launches` launches (replayed, timed with
 CUDA events: no launch or Python cost), its achieved GB/s over the weight bytes it reads, and its output's
@@ -48,14 +49,14 @@ EXPERT_TILES = ({"BLOCK_F": (4, 8, 16, 32), "BLOCK_K": (256, 512, 1024, 2048)},
 LARGE_TILES = {"BN": (8, 16, 32), "BK": (512, 1024), "warps": (4, 8)}
 # the other one-token kernels, each over the module constants its launches read (a WARPS entry as "WARPS.name")
 OTHER_TILES: dict[str, dict[str, tuple[int, ...]]] = {
-    "mla_decode": {"MLA_ROWS": (32, 64, 128, 256), "MLA_BT": (16, 32, 64), "WARPS.mla_combine": (4, 8)},
+    "mla_decode": {"MLA_ROWS_MIN": (32, 64, 128, 256), "MLA_BT": (16, 32, 64), "WARPS.mla_split": (4, 8)},
     "kda_step": {"WARPS.kda_step": (4, 8, 16)}, "res_mix": {"RES_MIX_COLS": (0, 128, 256, 512)}, "route": {},
     "situ_vec": {}}
 QUICK_OTHER: dict[str, dict[str, tuple[int, ...]]] = {
-    "mla_decode": {"MLA_ROWS": (128,), "MLA_BT": (16,), "WARPS.mla_combine": (8,)},
+    "mla_decode": {"MLA_ROWS_MIN": (128,), "MLA_BT": (64,), "WARPS.mla_split": (4,)},
     "kda_step": {"WARPS.kda_step": (8,)}, "res_mix": {"RES_MIX_COLS": (0, 256)}, "route": {}, "situ_vec": {}}
 # tiles a kernel cannot take: a step of more rows than a split has would read the next split's rows too
-OTHER_VALID = {"mla_decode": lambda t: t["MLA_BT"] <= t["MLA_ROWS"]}
+OTHER_VALID = {"mla_decode": lambda t: t["MLA_BT"] <= t["MLA_ROWS_MIN"]}
 DEPTH = 1100  # mla_decode's row, and a span of 2048: where the round's decode at depth 1024 attends
 QUICK_LINEAR = {"BN": (4, 16), "BK": (512,), "warps": (4,)}
 QUICK_EXPERTS = ({"BLOCK_F": (32,), "BLOCK_K": (128,)}, {"BLOCK_L": (8, 16), "BLOCK_KD": (128,)})

@@ -14,9 +14,18 @@ prepares sparkinfer with the target's candidate options, then:
 - records which path the engine chose (its identity's ``kernels`` note) and, when the Triton kernels are on,
   times the graph decode and the prefill once more with the torch form (``decode_graph_torch_form_tok_s``);
 - computes the decode-rate bound from the bytes one token must read (scoreboard.ceiling) at a bandwidth.
-Prints a table and writes JSON. These are diagnosis numbers, not round results: no gate ran on them.
+
+With ``--depths`` it profiles where users run instead (:func:`depth_profile`): for each form (the engine as it
+prepares, Triton kernels on, and the torch form), decode at each depth in increasing order on one nested prompt
+(the graph decode, each depth's first begin() restoring the previous depth's prefix snapshot), then a prefill of
+``--prefill`` tokens from empty; per workload the first begin()'s wall time and the tokens it restored, the median
+rep (in-process clock, each rep's begin() restoring), and a torch.profiler table of one step: CUDA time and calls
+per kernel name, per decoded token (CPU op time on a CPU smoke run).
+Prints and writes JSON. These are diagnosis numbers, not round results: no gate ran on them.
 
     python bench/h200_profile.py --target k3-gpu-h200 --out prof.json
+    python bench/h200_profile.py --target k3-gpu-h200 --depths 1024,16384,65536,131072 --prefill 32768 --out d.json
+    python bench/h200_profile.py --target k3-mini-cpu --device cpu --depths 64,200 --prefill 256 --tokens 4
 """
 
 from __future__ import annotations
@@ -136,6 +145,83 @@ def profiled(engine, prep, wl, revealed, top: int) -> dict:
     return out
 
 
+def op_table(prof, cuda: bool, per: int, top: int) -> dict:
+    """Time and calls per kernel name (CUDA; CPU ops on a CPU run) of a profiled step, divided by `per` (its
+    decoded tokens): {"us_per_token", "launches_per_token", "top": [{"name", "calls", "us"}...]} per token."""
+    want = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    evs = [e for e in prof.key_averages() if e.device_type == want and (cuda or not e.cpu_children)]
+    time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    rows = sorted(evs, key=lambda e: -time_of(e))
+    return {"us_per_token": round(sum(time_of(e) for e in evs) / per, 2),
+            "launches_per_token": round(sum(e.count for e in evs) / per, 1),
+            "top": [{"name": e.key[:90], "calls": round(e.count / per, 2), "us": round(time_of(e) / per, 2)}
+                    for e in rows[:top]]}
+
+
+def workload_profile(engine, prep, wl, revealed, reps: int, top: int, cuda: bool) -> dict:
+    """One workload at its depth: the first begin() (restore + prefill + capture), `reps` timed reps after a
+    warm-up, and one profiled begin() + step()."""
+    store = lambda: prep.handle.context.store  # noqa: E731
+    t0 = time.perf_counter()
+    state = engine.begin(prep, wl)
+    engine.synchronize(prep)
+    out: dict = {"first_begin_s": round(time.perf_counter() - t0, 3), "first_begin_restored": store().restored}
+    engine.step(prep, state, revealed)
+    runs = in_process_reps(engine, prep, wl, [revealed] * (reps + 1), warmup=1)
+    sec = statistics.median(r.ns for r in runs) * 1e-9
+    per = wl.n_tokens if wl.phase == "decode" else 1
+    out.update({"rep_restored": store().restored, "tok_s": round(wl.n_tokens / sec, 1),
+                "ms_per_token": round(sec * 1e3 / wl.n_tokens, 4), "rep_ms": round(sec * 1e3, 3)})
+    state = engine.begin(prep, wl)
+    engine.synchronize(prep)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        engine.step(prep, state, revealed)
+        engine.synchronize(prep)
+        out["profiled_step_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+    out["kernels"] = op_table(prof, cuda, per, top)
+    return out
+
+
+def depth_profile(args, t, shards, cuda: bool) -> dict:
+    """Per form (the prepared engine's kernels, and the torch form when they are on): decode at each depth of
+    args.depths in increasing order on one nested prompt, then a prefill of args.prefill tokens from empty."""
+    depths = sorted(int(d) for d in args.depths.split(","))
+    geom = Geometry(n_ctx=max(depths[-1], args.prefill) + args.tokens + 64, n_batch=512, n_ubatch=512, n_threads=1)
+    ids = draw_prompt(Tokenizer.from_gguf(shards[0]), max(depths[-1] + args.tokens, args.prefill), seed=7).token_ids
+    engine = SparkInferEngine()
+    opts = {k: v for k, v in dict(t.candidate_options or {}).items() if cuda or k != "cuda_graph"}
+    out: dict = {"depths": depths, "prefill_tokens": args.prefill, "decode_tokens": args.tokens,
+                 "n_ctx": geom.n_ctx, "forms": {}}
+    for form in args.forms.split(","):
+        prep = engine.prepare(EngineTarget(args.target, shards[0], tuple(shards), args.device, geom, options=opts),
+                              Path("unused"))
+        model = prep.handle.model
+        if form == "torch":
+            if not model.use_kernels and out["forms"]:
+                break  # the kernels were off: the first form was the torch form already
+            model.use_kernels = False  # before the first begin(): the graphs capture the torch form
+        rec: dict = {"identity_kernels": prep.identity.extra.get("kernels"), "use_kernels": model.use_kernels,
+                     "mla_prefill": model.mla_prefill if model.use_kernels else "torch", "decode": {}}
+        for d in depths:
+            wl = Workload.split("decode", d, args.tokens, ids[:d + args.tokens])
+            rec["decode"][str(d)] = workload_profile(engine, prep, *wl, args.reps, args.top, cuda)
+            print(json.dumps({"form": form, "depth": d, **{k: v for k, v in rec["decode"][str(d)].items()
+                                                           if k != "kernels"}}), flush=True)
+        pre = Workload.split("prefill", 0, args.prefill, ids[:args.prefill])
+        rec["prefill"] = workload_profile(engine, prep, *pre, max(1, args.reps // 2), args.top, cuda)
+        print(json.dumps({"form": form, "prefill": args.prefill, **{k: v for k, v in rec["prefill"].items()
+                                                                   if k != "kernels"}}), flush=True)
+        rec["snapshots"] = {"kept": len(prep.handle.context.store.snapshots),
+                            "bytes": prep.handle.context.store.nbytes}
+        out["forms"][form] = rec
+        engine.close(prep)
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="k3-gpu-h200")
@@ -147,12 +233,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no probes)")
     ap.add_argument("--no-parts", action="store_true", help="profile without the per-part ranges")
+    ap.add_argument("--depths", help="comma-separated decode depths: the depth profile (depth_profile) instead")
+    ap.add_argument("--forms", default="kernels,torch", help="the depth profile's forms: kernels, torch or both")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     lock = load_lock(Path("reference.lock"))
     t = lock.targets[args.target]
     shards = ensure_generated(lock, t.weights)
     cfg = load_k3_config(shards[0])
+    if args.depths:
+        res = {"target": args.target, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "none",
+               "torch": torch.__version__, **depth_profile(args, t, shards, args.device == "cuda")}
+        res["script_s"] = round(time.perf_counter() - t_start, 1)
+        text = json.dumps(res, indent=1)
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return 0
     depth = next(m.depth for m in t.metrics if m.phase == "decode" and m.role == "scored")
     geom = Geometry(n_ctx=max(4096, depth + args.tokens + 16, args.prefill + 16), n_batch=512, n_ubatch=512,
                     n_threads=1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engines.sparkinfer.engine import SparkInferEngine
+from engines.sparkinfer.engine import SparkInferEngine, token_ids
 from scoreboard.engine import EngineTarget, Geometry, Workload
 from scoreboard.round.prompt import draw_prompt
 from scoreboard.round.clock import in_process_reps
@@ -39,7 +39,7 @@ def run(shards: list[Path], dtype: str, graph: bool, split: tuple, geom: Geometr
     state = engine.begin(prep, wl)  # the first begin captures the graph (untimed)
     engine.synchronize(prep)
     first_begin = time.perf_counter() - t0
-    first = engine.step(prep, state, revealed)
+    first = token_ids(engine.step(prep, state, revealed))
     out = in_process_reps(engine, prep, wl, [revealed] * (reps + 1), warmup=1)
     toks = {tuple(r.token_ids) for r in out} | {tuple(first)}
     med = statistics.median(r.ns for r in out)

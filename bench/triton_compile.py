@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 if os.environ.get("TRITON_INTERPRET"):
     sys.exit("bench/triton_compile.py: unset TRITON_INTERPRET (the interpreter compiles nothing)")
@@ -43,14 +42,17 @@ def vec_tiles() -> list[tuple[int, int]]:
     return sorted({(bn, w) for n in range(16, 32769, 16) for k in (512, 1024) for bn, _, w in [K.vec_blocks(n, k)]})
 
 
-def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
-    """(label, kernel, signature, constexprs, warps) for every kernel at the preset's widths."""
+Case = tuple  # (label, kernel, signature, constexprs, warps[, stages]): stages as Triton's default (3) if absent
+
+
+def cases(name: str) -> list[Case]:
+    """(label, kernel, signature, constexprs, warps[, pipeline stages]) for every kernel at the preset's widths."""
     c = get_spec(name).config()
     e, f, lat, k = c.n_embd, c.expert_ff, c.expert_latent_length, c.n_expert_used
     hd, kvr, rope, nope, v = c.kda_head_dim, c.kv_lora_rank, c.rope_dim, c.qk_nope_dim, c.value_length_mla
     rows = -(-c.n_layer // c.attn_res_block_size) + 1 if c.attn_res_block_size > 0 else 2
     cp = triton.next_power_of_2(rows)
-    out: list[tuple[str, Any, dict[str, str], dict[str, Any], int]] = []
+    out: list[Case] = []
     lv = {"x_ptr": P, "w_ptr": H, "out_ptr": P, "norm_ptr": P, "add_ptr": P, "N": "i32", "K": "i32", "eps": "fp32",
           "HAS_NORM": "constexpr", "HAS_ADD": "constexpr", "BN": "constexpr", "BK": "constexpr"}
     for norm, add in ((False, False), (True, False), (False, True), (True, True)):
@@ -88,29 +90,39 @@ def cases(name: str) -> list[tuple[str, Any, dict[str, str], dict[str, Any], int
                 "KC": "constexpr"})
     out.append(("kda_step", K._kda_step, kda, {"DI": c.n_head * hd, "HD": hd, "KC": c.ssm_conv_kernel},
                 K.WARPS["kda_step"]))
-    out.append(("mla_kv_write", K._mla_kv_write, {"kv_ptr": P, "norm_ptr": P, "lat_ptr": H, "pos_ptr": I64,
-                                                  "eps": "fp32", "KVR": "constexpr", "ROPE": "constexpr"},
-                {"KVR": kvr, "ROPE": rope}, 4))
-    out.append(("mla_qabs", K._mla_qabs, {"q_ptr": P, "wkb_ptr": H, "qabs_ptr": P, "KVR": "constexpr",
+    out.append(("mla_qabs", K._mla_qabs, {"q_ptr": P, "wkb_ptr": H, "kv_ptr": P, "norm_ptr": P, "lat_ptr": H,
+                                          "pos_ptr": I64, "qa_ptr": P, "eps": "fp32", "KVR": "constexpr",
                                           "ROPE": "constexpr", "NOPE": "constexpr", "BC": "constexpr"},
                 {"KVR": kvr, "ROPE": rope, "NOPE": nope, "BC": min(kvr, 32)}, 4))
-    out.append(("mla_attend", K._mla_attend, {"q_ptr": P, "qabs_ptr": P, "lat_ptr": H, "pos_ptr": I64, "part_ptr": P,
-                                              "scale": "fp32", "N_SPLIT": "i32", "KVR": "constexpr",
-                                              "ROPE": "constexpr", "NOPE": "constexpr", "ROWS": "constexpr",
-                                              "BT": "constexpr"},
-                {"KVR": kvr, "ROPE": rope, "NOPE": nope, "ROWS": K.MLA_ROWS, "BT": K.MLA_BT}, 4))
-    for nsp in (1, 16, 64):  # spans 128, 2048, 8192
-        out.append((f"mla_combine splits<={nsp}", K._mla_combine,
-                    {"part_ptr": P, "wvb_ptr": H, "gate_ptr": P, "out_ptr": P, "N_SPLIT": "i32",
-                     "HAS_GATE": "constexpr", "KVR": "constexpr", "V": "constexpr", "NSP": "constexpr", "BV": "constexpr"},
-                    {"HAS_GATE": True, "KVR": kvr, "V": v, "NSP": nsp, "BV": min(v, 32)}, K.WARPS["mla_combine"]))
+    split = {"qa_ptr": P, "lat_ptr": H, "pos_ptr": I64, "m_ptr": P, "l_ptr": P, "acc_ptr": P, "H": "i32",
+             "n_split": "i32", "rows_min": "i32", "qscale": "fp32", "KVR": "constexpr", "ROPE": "constexpr", "BH": "constexpr",
+             "BT": "constexpr", "Q_SPLIT": "constexpr", "P_SPLIT": "constexpr"}
+    causal = {"qa_ptr": P, "lat_ptr": H, "out_ptr": P, "n_rows": "i32", "H": "i32", "pos0": "i32", "qscale": "fp32",
+              "KVR": "constexpr", "ROPE": "constexpr", "BM": "constexpr", "BT": "constexpr", "Q_SPLIT": "constexpr",
+              "P_SPLIT": "constexpr"}
+    for p_split in (False, True):  # the engine's choice (kernels.MLA_P_SPLIT) and the other
+        out.append((f"mla_split p_split={p_split}", K._mla_split, split,
+                    {"KVR": kvr, "ROPE": rope, "BH": K.MLA_BH, "BT": K.MLA_BT, "Q_SPLIT": True, "P_SPLIT": p_split},
+                    K.WARPS["mla_split"], K.STAGES["mla_split"]))
+        for q_split in (False, True):
+            out.append((f"mla_causal q_split={q_split} p_split={p_split}", K._mla_causal, causal,
+                        {"KVR": kvr, "ROPE": rope, "BM": K.MLA_BM, "BT": K.MLA_CAUSAL_BT, "Q_SPLIT": q_split,
+                         "P_SPLIT": p_split}, K.WARPS["mla_causal"], K.STAGES["mla_causal"]))
+    out.append(("mla_combine", K._mla_combine, {"m_ptr": P, "l_ptr": P, "acc_ptr": P, "pos_ptr": I64, "olat_ptr": P,
+                                                "H": "i32", "n_split": "i32", "rows_min": "i32", "KVR": "constexpr",
+                                                "BT": "constexpr", "BS": "constexpr", "BC": "constexpr"},
+                {"KVR": kvr, "BT": K.MLA_BT, "BS": K.MLA_COMBINE_SPLITS, "BC": min(kvr, K.MLA_COMBINE_COLS)}, 4))
+    out.append(("mla_vout", K._mla_vout, {"olat_ptr": P, "wvb_ptr": H, "gate_ptr": P, "out_ptr": P,
+                                          "HAS_GATE": "constexpr", "KVR": "constexpr", "V": "constexpr",
+                                          "BV": "constexpr"},
+                {"HAS_GATE": True, "KVR": kvr, "V": v, "BV": min(v, 32)}, 4))
     out.append(("chunk_scan", K._chunk_scan, {"u0_ptr": P, "w_ptr": P, "kt_ptr": P, "dec_ptr": P, "s_ptr": P,
                                               "starts_ptr": P, "us_ptr": P, "N": "i32", "H": "constexpr",
                                               "C": "constexpr", "DK": "constexpr", "DV": "constexpr", "BV": "constexpr"},
                 {"H": c.n_head, "C": 16, "DK": hd, "DV": hd, "BV": min(hd, K.SCAN_BV)}, K.WARPS["chunk_scan"]))
     out.append(("grouped_mm", K._grouped_mm, {"x_ptr": H, "w_ptr": H, "tiles_ptr": "*i32", "out_ptr": P, "N": "i32",
                                               "K": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"},
-                {"BM": K.GMM_BM, "BN": K.GMM_BN, "BK": K.GMM_BK}, 4))
+                {"BM": K.GMM_BM, "BN": K.GMM_BN, "BK": K.GMM_BK}, K.WARPS["grouped_mm"], K.STAGES["grouped_mm"]))
     return out
 
 
@@ -136,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     target = GPUTarget("cuda", 90, 32)
     rows = []
-    for label, fn, sig, const, warps in cases(args.preset):
+    for label, fn, sig, const, warps, *stages in cases(args.preset):
         t0 = time.perf_counter()
         try:
             ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=target,
-                                options={"num_warps": warps})
+                                options={"num_warps": warps, "num_stages": stages[0] if stages else 3})
             row = {"kernel": label, "ok": True, **resources(ck.asm["cubin"])}
         except Exception as exc:  # report every kernel, not only the first failure
             row = {"kernel": label, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}

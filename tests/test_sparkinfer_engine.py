@@ -118,10 +118,11 @@ def test_greedy_decode_is_the_timed_path_and_continues_the_logits_path(prepared,
     assert list(forced) == toks
 
 
-def test_decode_really_fills_the_depth(prepared, prompt):
+def test_decode_really_fills_the_depth(shards, prompt):
     import torch
 
-    engine, prep = prepared
+    engine = SparkInferEngine()
+    prep = engine.prepare(target(shards), Path("unused"))  # a fresh handle: its persistent cache never written
     wl, revealed = Workload.split("decode", 500, 4, prompt)
     state = engine.begin(prep, wl)
     assert state.cache.n_past == 499  # the known context; the token at 499 is revealed to step()

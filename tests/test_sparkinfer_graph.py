@@ -119,7 +119,7 @@ def test_static_step_at_depth_zero_and_a_full_span(shards):
         with pytest.raises(EngineError, match="do not fit"):
             dec.reset(SPAN_MIN + 1)
         dec.reset(4)  # depth 0: the first token is fed at position 0
-        assert dec.run(ids[:1], 4) == _eager_from_empty(model, int(ids[0]), 4)
+        assert dec.run(ids[:1], 4)[0] == _eager_from_empty(model, int(ids[0]), 4)
 
 
 def _eager_from_empty(model: K3Model, first: int, n: int) -> list[int]:
@@ -166,8 +166,11 @@ def test_engine_static_decode_equals_the_eager_engine(shards):
         engine.step(static, first, revealed)
     assert engine.step(static, second, revealed) == greedy_decode(eager, prompt, DEPTH, 4)
     assert second.cache.n_past == DEPTH - 1 + 4
-    prefill = engine.begin(static, Workload.split("prefill", 10, 20, prompt)[0])  # prefill workloads stay eager
-    assert prefill.cache is not static.handle.decoder.cache
+    # a prefill workload fills the same persistent buffers, and ingests its tokens eagerly
+    pre_wl, pre_revealed = Workload.split("prefill", 10, 20, prompt)
+    prefill = engine.begin(static, pre_wl)
+    assert prefill.cache is static.handle.decoder.cache and not static.handle.decoder.graphs
+    assert engine.step(static, prefill, pre_revealed) == engine.step(eager, engine.begin(eager, pre_wl), pre_revealed)
 
 
 @pytest.mark.gpu

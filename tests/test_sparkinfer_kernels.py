@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from engines.sparkinfer.graph import StaticDecoder
-from engines.sparkinfer.model import K3Model, _kernel_mats
+from engines.sparkinfer.model import K3Model, Mat, _kernel_mats
 from engines.sparkinfer.weights import load_weights
 from scoreboard.models.k3 import load_k3_config
 from scoreboard.weights.generate import generate
@@ -175,36 +175,146 @@ def test_kda_step_matches_a_float64_reference(kernels):
     assert torch.allclose(conv.double(), xx[:, 1:], rtol=0, atol=0)  # the state shifted by one token
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, gated):
+def _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, scale):
+    """One MLA token in float64 over rows 0..pos of `latent` (which already holds the token's row at pos):
+    (the row the kernel must have written, the output [H, v])."""
+    h, v, kvr = wv_b.shape
+    nope = wk_b.shape[2]
+    kvd = kv[0].double()
+    row = torch.cat([kvd[:kvr] / (kvd[:kvr].pow(2).mean() + 1e-6).sqrt() * kv_norm.double(), kvd[kvr:]])
+    lat = latent[:pos + 1].double()
+    qd = q[0].double()
+    q_abs = torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double())
+    sc = (q_abs @ lat[:, :kvr].T + qd[:, nope:] @ lat[:, kvr:].T) * scale  # [H, pos + 1]
+    o = torch.einsum("hc,hvc->hv", torch.softmax(sc, -1) @ lat[:, :kvr], wv_b.double())
+    if gate is not None:
+        o = o * torch.sigmoid(gate.double().view(h, v))
+    return row, o
+
+
+HALF_F16_ULP = 2.0 ** -13  # the softmax weights in one f16 part: each rounded by up to 2^-12 relative, the sum less
+
+# (heads, kvr, cache rows, span, pos, MLA_ROWS_MIN, MLA_PROGRAMS, MLA_BT) -> (splits, rows per split, the split
+# holding pos): a short span of 3 splits, pos in the middle of the second and the third beyond it; 4096 rows in
+# 32 splits, 20 heads (a second, partial block of MLA_BH), pos in the middle of split 22 and 9 splits with no live
+# row; 128 splits of 32 rows (the combine loops over its MLA_COMBINE_SPLITS twice), pos in the last live one; a
+# shallow position in a large span, whose rows per split follow pos, not the span: 14 of its 16 splits live
+MLA_CASES = {"short": ((2, 64, 256, 160, 100, 64, 264, 64), (3, 64, 1)),
+             "long": ((20, 128, 6000, 4096, 2900, 128, 264, 64), (32, 128, 22)),
+             "many splits": ((4, 64, 4200, 4096, 4000, 32, 10_000, 32), (128, 32, 125)),
+             "shallow in a large span": ((3, 64, 4200, 4096, 2100, 32, 16, 32), (16, 160, 13))}
+
+
+@pytest.mark.parametrize("case", sorted(MLA_CASES))
+@pytest.mark.parametrize("gated,p_split", [(True, False), (False, True)])
+def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gated, p_split):
     """The token's latent row is written at pos (normed, f16), and the absorbed attention over rows 0..pos of
-    the span (the rows beyond pos masked, several splits) matches the same arithmetic in float64."""
-    monkeypatch.setattr(kernels, "MLA_ROWS", 64)  # 3 splits over the span, one of them past pos
-    gen = torch.Generator().manual_seed(9 + gated)
-    h, kvr, rope, nope, v, n_ctx, span, pos = 2, 64, 16, 32, 32, 256, 160, 100
+    the span (rows beyond pos hold large junk, and the dead splits' scratch garbage: masked, never mixed in) matches the same arithmetic in float64.
+    The scores come from hi + lo f16 parts of q on the tensor cores (f32-level), the weights in one f16 part
+    (~1e-5 relative over a few hundred rows) or in two (p_split)."""
+    (h, kvr, n_ctx, span, pos, rows_min, programs, bt), cut = MLA_CASES[case]
+    monkeypatch.setattr(kernels, "MLA_ROWS_MIN", rows_min)
+    monkeypatch.setattr(kernels, "MLA_PROGRAMS", programs)
+    monkeypatch.setattr(kernels, "MLA_BT", bt)
+    monkeypatch.setattr(kernels, "MLA_P_SPLIT", p_split)
+    gen = torch.Generator().manual_seed(9 + gated + h)
+    rope, nope, v = 64, 32, 32
 
     def r(*shape, scale=1.0):
         return torch.randn(*shape, generator=gen) * scale
 
-    q, kv, kv_norm = r(1, h, nope + rope), r(1, kvr + rope), r(kvr).abs() + 0.5
+    q, kv, kv_norm = r(1, h, nope + rope, scale=3.0), r(1, kvr + rope), r(kvr).abs() + 0.5
     latent = r(n_ctx, kvr + rope).half()
+    latent[pos + 1:] = 3000.0  # junk past pos: it must never reach the softmax
     before = latent.clone()
     wk_b, wv_b = r(h, kvr, nope, scale=0.2).half(), r(h, v, kvr, scale=0.2).half()
     gate = r(1, h * v) if gated else None
-    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
+    real_empty = torch.empty
 
-    kvd = kv[0].double()
-    row = torch.cat([kvd[:kvr] / (kvd[:kvr].pow(2).mean() + 1e-6).sqrt() * kv_norm.double(), kvd[kvr:]])
+    def nan_empty(*a, **k):  # scratch as a GPU hands it out: garbage (here NaN) wherever nothing was written
+        out = real_empty(*a, **k)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(kernels.torch, "empty", nan_empty)
+    n_split = kernels.mla_splits(span, -(-h // kernels.MLA_BH))
+    rows = kernels.mla_rows_per(pos, n_split)
+    assert (n_split, rows, pos // rows) == cut
+    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
+    row, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, 0.1)
     assert torch.equal(latent[pos], row.half())  # the row written, f16
     assert torch.equal(latent[:pos], before[:pos]) and torch.equal(latent[pos + 1:], before[pos + 1:])
-    lat = latent[:pos + 1].double()
-    qd = q[0].double()
-    q_abs = torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double())
-    sc = (q_abs @ lat[:, :kvr].T + qd[:, nope:] @ lat[:, kvr:].T) * 0.1  # [H, pos + 1]
-    o = torch.einsum("hc,hvc->hv", torch.softmax(sc, -1) @ lat[:, :kvr], wv_b.double())
-    if gated:
-        o = o * torch.sigmoid(gate.double().view(h, v))
-    assert float((got.double().view(h, v) - o).norm() / o.norm()) < 1e-5
+    err = float((got.double().view(h, v) - o).norm() / o.norm())
+    assert err < (2e-6 if p_split else HALF_F16_ULP), err
+
+
+def test_mla_decode_scores_keep_f32_accuracy_for_large_queries(kernels):
+    """q far beyond f16's range (1e6) is scaled by a power of two per row before its hi + lo split: the result
+    stays finite and as accurate as for small q (f16 alone would overflow to inf)."""
+    gen = torch.Generator().manual_seed(21)
+    h, kvr, rope, nope, v, pos = 3, 64, 64, 32, 32, 90
+    q = torch.randn(1, h, nope + rope, generator=gen) * 1e4
+    kv, kv_norm = torch.randn(1, kvr + rope, generator=gen), torch.ones(kvr)
+    latent = (torch.randn(256, kvr + rope, generator=gen) * 1e-2).half()
+    wk_b = (torch.randn(h, kvr, nope, generator=gen) * 0.2).half()
+    wv_b = (torch.randn(h, v, kvr, generator=gen) * 0.2).half()
+    got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), 256, wk_b, wv_b, None, 1e-3, 1e-6)
+    _, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, None, 1e-3)
+    assert torch.isfinite(got).all()
+    assert float((got.double().view(h, v) - o).norm() / o.norm()) < HALF_F16_ULP
+
+
+@pytest.mark.parametrize("q_split,p_split", [(False, False), (True, False), (False, True)])
+def test_mla_attend_matches_the_torch_form_causally(kernels, monkeypatch, q_split, p_split):
+    """The prefill's causal attention (kernels.mla_attend) of 70 tokens after 3000 cached rows, 3 heads (query
+    rows of a block span tokens), against model.attend in float64: each token sees exactly the rows up to its
+    own position (rows past the call's last one hold junk). q holds f16 values, as on the f16 targets (one f16
+    part is exact then); q_split also takes q of full f32 precision."""
+    from engines.sparkinfer.model import attend
+
+    monkeypatch.setattr(kernels, "MLA_CAUSAL_Q_SPLIT", q_split)
+    monkeypatch.setattr(kernels, "MLA_P_SPLIT", p_split)
+    gen = torch.Generator().manual_seed(5 + q_split + 2 * p_split)
+    h, kvr, rope, t, n_past = 3, 64, 64, 70, 3000
+    latent = torch.randn(3200, kvr + rope, generator=gen).half()
+    latent[n_past + t:] = 4000.0
+    q_abs, q_pe = torch.randn(t, h, kvr, generator=gen) * 2, torch.randn(t, h, rope, generator=gen)
+    if not q_split:
+        q_abs, q_pe = q_abs.half().float(), q_pe.half().float()
+    got = kernels.mla_attend(q_abs, q_pe, latent, n_past, 0.1)
+    k = latent[:n_past + t].double()
+    want = attend(torch.cat([q_abs, q_pe], -1).double(), k, k[:, :kvr], n_past, 0.1)
+    assert got.shape == (t, h, kvr)
+    err = float((got.double() - want).norm() / want.norm())
+    assert err < (2e-6 if p_split else HALF_F16_ULP), err
+    # the first token of a call from an empty cache sees row 0 alone: its output is that row, exactly
+    first = kernels.mla_attend(q_abs[:2], q_pe[:2], latent, 0, 0.1)
+    assert torch.equal(first[0], latent[0, :kvr].float().expand(h, -1))
+    with pytest.raises(ValueError, match="does not hold 3190 \\+ 70 rows"):
+        kernels.mla_attend(q_abs, q_pe, latent, 3190, 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+@pytest.mark.parametrize("n_past", [0, 300])
+def test_mla_sdpa_equals_the_absorbed_form(dtype, n_past):
+    """The prefill's decompressed form (model.mla_sdpa: per-head keys kv wk_b | k_pe and values kv wv_b^T through
+    torch's fused attention, the causal mask aligned to the call's last keys) computes the absorbed form's
+    attention: to rounding in float64, and within f16 rounding (the keys and values rounded once) in f16."""
+    from engines.sparkinfer.model import attend, mla_sdpa, mla_sdpa_weights
+
+    gen = torch.Generator().manual_seed(17 + n_past)
+    t, h, kvr, rope, nope, v = 48, 3, 64, 32, 32, 32
+    lat = torch.randn(n_past + t, kvr + rope, generator=gen, dtype=torch.float64)
+    wk, wv = (torch.randn(h, kvr, nope, generator=gen, dtype=torch.float64) * 0.2,
+              torch.randn(h, v, kvr, generator=gen, dtype=torch.float64) * 0.2)
+    qn, qp = torch.randn(t, h, nope, generator=gen, dtype=torch.float64), torch.randn(t, h, rope, generator=gen,
+                                                                                      dtype=torch.float64)
+    lw = {"attn_k_b": Mat(wk.to(dtype)), "attn_v_b": Mat(wv.to(dtype))}
+    got = mla_sdpa(qn.to(dtype), qp.to(dtype), lat.to(dtype), *mla_sdpa_weights(lw), n_past, 0.1)
+    q_abs = torch.einsum("thn,hcn->thc", qn, wk)
+    want = torch.einsum("thc,hvc->thv", attend(torch.cat([q_abs, qp], -1), lat, lat[:, :kvr], n_past, 0.1), wv)
+    assert got.shape == (t, h, v) and got.dtype == torch.float32
+    err = float((got.double() - want).norm() / want.norm())
+    assert err < (1e-6 if dtype == torch.float64 else 2e-3), err
 
 
 def test_chunk_scan_matches_the_token_by_token_recurrence(kernels):
@@ -292,13 +402,18 @@ def mini(tmp_path_factory):
     return cfg, load_weights(cfg, tuple(cfg.shards), "cpu", torch.float16)[0]
 
 
-def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatch):
+@pytest.mark.parametrize("prefill_form", ["sdpa", "triton"])
+def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatch, prefill_form):
     """The model's own decode step (graph.StaticDecoder, the step a CUDA graph records) with the kernels
-    enabled gives the torch form's greedy tokens, and logits within f16-level rounding. (Wider blocks than
-    on the GPU: the interpreter runs one program at a time, so fewer, wider programs keep this test short.)"""
+    enabled, after a prefill through each form of its MLA attention, gives the torch form's greedy tokens, and
+    logits within f16-level rounding. (Wider blocks than on the GPU: the interpreter runs one program at a time,
+    so fewer, wider programs keep this test short.)"""
+    import engines.sparkinfer.model as model_mod
+
     for name, width in (("BLOCK_F", 128), ("BLOCK_L", 64)):
         monkeypatch.setattr(kernels, name, width)
     monkeypatch.setattr(kernels, "vec_blocks", lambda n, k: (128, 512, 4))
+    monkeypatch.setattr(model_mod, "MLA_PREFILL_FORMS", (prefill_form,))
     cfg, w = mini
     torch.manual_seed(0)
     ids = torch.randint(0, 510, (40,), generator=torch.Generator().manual_seed(5))
@@ -307,15 +422,15 @@ def test_static_decode_with_kernels_matches_torch_form(kernels, mini, monkeypatc
         model = K3Model(cfg, w)
         if use:
             note = model.enable_kernels()
-            assert note.startswith("triton"), note
-            assert model.use_kernels
+            assert note.startswith("triton") and f"mla prefill {prefill_form}" in note, note
+            assert model.use_kernels and model.mla_prefill == prefill_form
         dec = StaticDecoder(model, 256, capture=False)
         cache = dec.reset(len(ids) + 3)
         from engines.sparkinfer.engine import prefill
 
         first = prefill(model, cache, ids, 512, [len(ids) - 1]).argmax(-1)
         dec.check()
-        toks = dec.run(first, 3)
+        toks = dec.run(first, 3)[0]
         runs[use] = (toks, dec.logits.clone())
     assert runs[True][0] == runs[False][0]
     a, b = runs[True][1], runs[False][1]
@@ -341,6 +456,22 @@ def test_a_kernel_that_fails_on_the_box_leaves_the_torch_form(kernels, mini, mon
     note = model.enable_kernels()
     assert not model.use_kernels and note.startswith("torch: the Triton kernels disagreed with the torch form")
     assert "res_mix" in note
+
+
+def test_a_box_without_fused_attention_prefills_through_the_triton_kernel(kernels, mini, monkeypatch):
+    """Where torch's fused attention takes no part of the decompressed form (it raises), the prefill's MLA
+    attention is the Triton kernel, and the note says so."""
+    import engines.sparkinfer.model as model_mod
+
+    def no_kernel(*a, **k):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(model_mod, "mla_sdpa", no_kernel)
+    cfg, w = mini
+    model = K3Model(cfg, w)
+    note = model.enable_kernels()
+    assert model.use_kernels and model.mla_prefill == "triton"
+    assert "mla prefill triton" in note and "sdpa" not in note
 
 
 def test_kernels_are_not_enabled_for_weights_they_do_not_fit(kernels, mini, tmp_path):

@@ -154,10 +154,19 @@ def test_activation_rounding_matches_ggml_types():
     assert len(torch.unique(q8k[0])) <= 255
 
 
-def test_attention_is_causal_over_the_cache():
+@pytest.mark.parametrize("one_query_blocks", [False, True])
+def test_attention_is_causal_over_the_cache(one_query_blocks, monkeypatch):
+    """Query i sees keys 0..n_past+i; with one query per score block, each block reads only those keys (the
+    keys past the call hold junk: never read)."""
+    import engines.sparkinfer.model as model_mod
+
     g = torch.Generator().manual_seed(1)
     n_past, t, h, d = 5, 4, 3, 8
-    q, k, v = torch.randn(t, h, d, generator=g), torch.randn(n_past + t, d, generator=g), torch.randn(n_past + t, 6, generator=g)
+    s = n_past + t + 3
+    q, k, v = torch.randn(t, h, d, generator=g), torch.randn(s, d, generator=g), torch.randn(s, 6, generator=g)
+    k[n_past + t:], v[n_past + t:] = float("nan"), float("nan")
+    if one_query_blocks:
+        monkeypatch.setattr(model_mod, "ATTN_SCORE_BUDGET", h * s)
     out = attend(q, k, v, n_past, 0.3)
     for i in range(t):
         keys = n_past + i + 1

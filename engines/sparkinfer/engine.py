@@ -5,17 +5,24 @@ Code paths (one for checking, the same for timing):
 * prefill — tokens go through ``K3Model.forward`` in chunks of ``prefill_chunk(geometry)`` tokens (chunked KDA,
   MLA over the f16 latent cache); ``logits()`` uses exactly this and returns, for each requested
   position p, the next-token logits after consuming ``token_ids[:p+1]``.
-* decode at depth d — :meth:`SparkInferEngine.begin` (untimed) builds a fresh cache and really prefills
-  the known context ``prompt[:d-1]`` through the chunked path. :meth:`step` (timed) gets the revealed
-  token prompt[d-1] and runs ``n_tokens`` single-token forwards fed prompt[d-1], g1, ..., g(n-1)
-  (gi = argmax of the forward before) and returns [g1, ..., gn]: the greedy continuation, token i being
-  the argmax after consuming the prompt + tokens[:i] — what the round teacher-forces through the
-  reference. :func:`greedy_decode` is this path, for tests. With ``options["cuda_graph"]`` (the default
+* decode at depth d — :meth:`SparkInferEngine.begin` (untimed) fills the prepared engine's one persistent
+  cache with the known context ``prompt[:d-1]``: it restores the longest prefix snapshot an earlier begin()
+  left (prefix.py: the KDA state at the last multiple of the call size below that begin's end; the latent
+  rows stay in the cache) and really prefills the rest through the chunked path, in calls at the absolute
+  positions a prefill from zero would make, so the state is that prefill's, bit for bit (as llama-bench -d
+  restores its context state for every rep after the first). :meth:`step` (timed) gets the K revealed
+  tokens prompt[d-K:d] (``Workload.reveal_len``: 1 under contract 2, chosen by the harness under contract 3)
+  and runs K + n_tokens - 1 single-token forwards fed them in order, then g1, ..., g(n-1) (gi = argmax of
+  the forward before), and returns [g1, ..., gn]: the greedy continuation, token i being the argmax after
+  consuming the prompt + tokens[:i] — what the round teacher-forces through the reference. Under contract 3
+  it returns StepOutput(token_ids, logprobs), each log-probability the log-softmax of the row the id is the
+  argmax of, computed on the device, and keeps those rows on the device for :meth:`step_logits` (the gate's
+  checked run). :func:`greedy_decode` is this path, for tests. With ``options["cuda_graph"]`` (the default
   on CUDA) begin() prefills into graph.py's persistent buffers and captures the static-shape step once
-  per attention span; step() replays it per token, fed the revealed token first.
-* prefill at depth d — :meth:`begin` prefills ``prompt[:d]`` (untimed); :meth:`step` ingests the
+  per attention span; step() replays it per token (the step writes its logits row and log-probability).
+* prefill at depth d — :meth:`begin` fills ``prompt[:d]`` the same way (untimed); :meth:`step` ingests the
   ``n_tokens`` revealed tokens in those chunks and returns ``[argmax]`` of the last position's
-  logits (one id).
+  logits (one id; with its log-probability under contract 3, and that row for step_logits).
 
 The engine never reads a clock. Options (``EngineTarget.options``, typed in options.py: a target pins them in
 reference.lock as ``candidate_options``): ``dtype`` of the weights and matmuls
@@ -38,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import scoreboard.engine as _contract
 from scoreboard.engine import (
     Engine,
     EngineIdentity,
@@ -56,6 +64,7 @@ from . import options as _options
 from .faults import Faults, apply_config_faults, parse_faults
 from .graph import StaticDecoder
 from .model import CACHE_DTYPE, K3Cache, K3Model
+from .prefix import PrefixStore
 from .weights import load_weights
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,20 +85,40 @@ class Loaded:
     faults: Faults
     decode_steps: int = 0  # decode step() calls in this process (the cheat_when_timed fault counts them)
     static_decode: bool = False  # decode through graph.StaticDecoder (captured in a CUDA graph on CUDA)
-    decoder: StaticDecoder | None = None  # built by the first decode begin() that uses it
+    decoder: StaticDecoder | None = None  # built by the first begin() that uses it (static_decode)
+    context: Context | None = None  # the cache every begin() fills, and its prefix snapshots
+    last_rows: torch.Tensor | None = None  # [outputs, V] f32 on the device: the last step()'s logits rows
+
+
+@dataclass
+class Context:
+    """The one persistent cache of a prepared engine (the static decoder's buffers when static_decode is on):
+    every begin() fills it, restoring what it can from the prefix snapshots (prefix.py); `generation` counts
+    the begin() calls, so a state made by an earlier one is refused."""
+
+    cache: K3Cache
+    store: PrefixStore
+    generation: int = 0
 
 
 @dataclass
 class DecodeState:
-    cache: K3Cache  # the known context prompt[:depth-1], filled
-    n_tokens: int
-    generation: int | None = None  # the StaticDecoder reset this state lives in; None: eager decode
+    cache: K3Cache  # the known context prompt[:depth-K], filled
+    n_tokens: int  # the ids step() generates
+    generation: int  # the begin() this state was made by (Context.generation)
+    static: bool = False  # step() replays the StaticDecoder's step
+    n_reveal: int = 1  # K: the ids step() gets and consumes before generating
 
 
 @dataclass
 class PrefillState:
     cache: K3Cache  # prompt[:depth], filled
     n_tokens: int  # the revealed tokens step() ingests
+    generation: int
+
+    @property
+    def n_reveal(self) -> int:
+        return self.n_tokens
 
 
 def checked_config(target: EngineTarget) -> Any:
@@ -256,34 +285,58 @@ class SparkInferEngine(Engine):
             raise EngineError(f"{workload.phase} workload has {len(p)} known prompt ids, depth {d} gives "
                               f"{workload.known_len}", "build workloads with Workload.split")
         need = d + n  # cache rows: the context plus the tokens the timed part feeds
+        known = _checked(h, p)
         with torch.inference_mode():
-            if workload.phase == "decode" and h.static_decode:
-                return _begin_static(h, p, d, n, _n_ctx(h.geometry, need))
-            cache = h.model.new_cache(_n_ctx(h.geometry, need))
-            if p:
-                prefill(h.model, cache, _ids(h, p), prefill_chunk(h.geometry), [])
+            ctx = _context(h, _n_ctx(h.geometry, need))
+            static = workload.phase == "decode" and h.decoder is not None
+            if static:
+                h.decoder.ready(need)  # type: ignore[union-attr]  # the span's graph, captured on first use
+            ctx.generation += 1
+            ctx.store.begin(ctx.cache, known, lambda cache, ids: prefill(h.model, cache, ids, prefill_chunk(h.geometry),
+                                                                         []), h.device)
+            if h.decoder is not None:
+                h.decoder.check()
             if workload.phase == "prefill":
-                return PrefillState(cache, n)
-            return DecodeState(cache, n)
+                return PrefillState(ctx.cache, n, ctx.generation)
+            return DecodeState(ctx.cache, n, ctx.generation, static, workload.reveal_len)
 
-    def step(self, prepared: Prepared, state: DecodeState | PrefillState, revealed: tuple[int, ...]) -> list[int]:
+    def step(self, prepared: Prepared, state: DecodeState | PrefillState, revealed: tuple[int, ...]) -> Any:
+        """The timed part: decode consumes the K revealed ids in order, then generates n_tokens greedy ids;
+        prefill ingests its revealed ids, then the greedy next one. Returns contract 3's StepOutput (the ids and
+        each one's log-probability, computed on the device from the logits row it is the argmax of) where the
+        harness defines it, else (contract 2) the ids; the rows stay on the device for step_logits()."""
         h = _handle(prepared)
-        want = state.n_tokens if isinstance(state, PrefillState) else 1
-        if len(revealed) != want:
-            raise EngineError(f"step() got {len(revealed)} revealed ids, this workload reveals {want}",
+        if len(revealed) != state.n_reveal:
+            raise EngineError(f"step() got {len(revealed)} revealed ids, this workload reveals {state.n_reveal}",
                               "pass exactly the revealed part of the prompt")
+        h.last_rows = None
         with torch.inference_mode():
             ids = _ids(h, revealed)
+            _owner(h, state).store.writes_from(state.cache.n_past)  # decode and prefill write from n_past on
             if isinstance(state, PrefillState):
                 n = int(ids.shape[0])
-                last = prefill(h.model, state.cache, ids, prefill_chunk(h.geometry), [state.cache.n_past + n - 1])
-                return [int(last.argmax(-1)[0])]
+                rows = prefill(h.model, state.cache, ids, prefill_chunk(h.geometry), [state.cache.n_past + n - 1])
+                out, lps = _greedy(rows)
+                h.last_rows = rows
+                return _output(out, lps)
             h.decode_steps += 1
             if h.faults.cheat_when_timed and h.decode_steps > 1 and os.path.exists("clock.to-worker"):
-                return [int(revealed[0])] * state.n_tokens  # the shortcut: no forward passes at all
-            if state.generation is None:
-                return decode(h.model, state.cache, ids, state.n_tokens)
-            return _decoder(h, state).run(ids, state.n_tokens)
+                return _output([int(revealed[-1])] * state.n_tokens, [0.0] * state.n_tokens)  # no forward at all
+            if not state.static:
+                out, lps, h.last_rows = decode(h.model, state.cache, ids, state.n_tokens)
+            else:
+                out, lps, h.last_rows = h.decoder.run(ids, state.n_tokens)  # type: ignore[union-attr]  # begin made it
+            return _output(out, lps)
+
+    def step_logits(self, prepared: Prepared) -> np.ndarray:
+        """The logits rows of the last step() (float32 [its outputs, V]): decode, row i the row whose argmax is
+        its i-th id; prefill, the last position's row. Read untimed, right after step() (the gate's checked run):
+        the rows were kept on the device by the step itself (the CUDA graph's step writes them)."""
+        h = _handle(prepared)
+        if h.last_rows is None:
+            raise EngineError("sparkinfer: step_logits() has no step() to read (none ran, or it took no forward)",
+                              "call it right after step()")
+        return h.last_rows.float().cpu().numpy()
 
     def synchronize(self, prepared: Prepared) -> None:
         h = prepared.handle
@@ -323,43 +376,71 @@ def prefill(model: K3Model, cache: K3Cache, ids: torch.Tensor, n_ubatch: int, po
     return torch.cat(rows, 0) if rows else torch.empty(0)
 
 
-def decode(model: K3Model, cache: K3Cache, seed: torch.Tensor, n_tokens: int) -> list[int]:
-    """n_tokens single-token forwards: feed seed, then each argmax; return the n_tokens argmaxes (one sync)."""
-    tok = seed.reshape(1)
-    row0 = torch.zeros(1, dtype=torch.long, device=tok.device)
-    out = []
-    for _ in range(n_tokens):
-        tok = model.forward(tok, cache, row0).argmax(-1)  # type: ignore[union-attr]  # [1], stays on the device
-        out.append(tok)
-    return [int(x) for x in torch.cat(out).tolist()]
+def decode(model: K3Model, cache: K3Cache, seed: torch.Tensor, n_tokens: int
+           ) -> tuple[list[int], list[float], torch.Tensor]:
+    """Single-token forwards: the K ids of seed [K] in order, then n_tokens greedy ids (each argmax fed next).
+    -> (the n_tokens argmaxes, their log-probabilities, their logits rows [n_tokens, V] on the device); one
+    synchronization, at the end."""
+    feed = seed.reshape(-1)
+    k = int(feed.shape[0])
+    row0 = torch.zeros(1, dtype=torch.long, device=feed.device)
+    tok, rows = feed[:1], []
+    for i in range(k + n_tokens - 1):
+        logits = model.forward(tok, cache, row0)  # [1, V]
+        rows.append(logits)
+        tok = feed[i + 1:i + 2] if i + 1 < k else logits.argmax(-1)  # type: ignore[union-attr]  # stays on device
+    out = torch.cat(rows[k - 1:])  # type: ignore[arg-type]  # [n_tokens, V]
+    ids, lps = _greedy(out)
+    return ids, lps, out
 
 
-def _begin_static(h: Loaded, p: list[int], d: int, n: int, n_ctx: int) -> DecodeState:
-    """begin() of a decode workload on the static path: reset (and on first use capture) the persistent
-    decoder, prefill the context into its buffers in place."""
-    if h.decoder is None or h.decoder.n_ctx != n_ctx:
-        h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
-    cache = h.decoder.reset(d + n)
-    if p:
-        prefill(h.model, cache, _ids(h, p), prefill_chunk(h.geometry), [])
-    h.decoder.check()
-    return DecodeState(cache, n, generation=h.decoder.generation)
+def _greedy(rows: torch.Tensor) -> tuple[list[int], list[float]]:
+    """The argmax of each logits row [R, V] and its log-softmax probability (f32, on the rows' device)."""
+    top = rows.argmax(-1)
+    lps = torch.log_softmax(rows.float(), -1).gather(-1, top[:, None])[:, 0]
+    return [int(x) for x in top.tolist()], [float(x) for x in lps.tolist()]
 
 
-def _decoder(h: Loaded, state: DecodeState) -> StaticDecoder:
-    if h.decoder is None or h.decoder.generation != state.generation:
-        raise EngineError("sparkinfer: this decode state was superseded by a later begin() (one static decoder "
-                          "per prepared engine)", "call step() on a state before the next begin()")
-    return h.decoder
+def _output(ids: list[int], logprobs: list[float]) -> Any:
+    """step()'s result: StepOutput(token_ids, logprobs) where scoreboard.engine defines it (contract 3), else the
+    ids alone (contract 2's list[int])."""
+    cls = getattr(_contract, "StepOutput", None)
+    return ids if cls is None else cls(token_ids=ids, logprobs=logprobs)
+
+
+def token_ids(out: Any) -> list[int]:
+    """The ids of a step() result, whichever contract's shape it has."""
+    return list(getattr(out, "token_ids", out))
+
+
+def _context(h: Loaded, n_ctx: int) -> Context:
+    """The prepared engine's persistent cache for n_ctx rows (made on first use, or anew for another n_ctx): the
+    static decoder's buffers when static_decode is on (built here, capturing nothing yet), else a plain cache."""
+    if h.context is None or h.context.cache.n_ctx != n_ctx:
+        if h.static_decode:
+            h.decoder = StaticDecoder(h.model, n_ctx, capture=h.device == "cuda")
+            cache = h.decoder.cache
+        else:
+            cache = h.model.new_cache(n_ctx)
+        h.context = Context(cache, PrefixStore(prefill_chunk(h.geometry)))
+    return h.context
+
+
+def _owner(h: Loaded, state: DecodeState | PrefillState) -> Context:
+    """The context a state was made in, while no later begin() has taken it over."""
+    if h.context is None or h.context.generation != state.generation or h.context.cache is not state.cache:
+        raise EngineError("sparkinfer: this state was superseded by a later begin() (one cache per prepared "
+                          "engine)", "call step() on a state before the next begin()")
+    return h.context
 
 
 def greedy_decode(prepared: Prepared, prompt_ids: list[int] | tuple[int, ...], depth: int, n_tokens: int) -> list[int]:
-    """Exactly what begin()+step() of a decode workload generate for the full prompt (its token at
-    depth-1 revealed to step())."""
+    """Exactly what begin()+step() of a decode workload generate for the full prompt (as the harness splits it:
+    Workload.split), the ids."""
     engine = SparkInferEngine()
     workload, revealed = Workload.split("decode", depth, n_tokens, prompt_ids)
     state = engine.begin(prepared, workload)
-    return engine.step(prepared, state, revealed)
+    return token_ids(engine.step(prepared, state, revealed))
 
 
 def _handle(prepared: Prepared) -> Loaded:
@@ -369,12 +450,16 @@ def _handle(prepared: Prepared) -> Loaded:
     return prepared.handle
 
 
-def _ids(h: Loaded, ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+def _checked(h: Loaded, ids: list[int] | tuple[int, ...]) -> tuple[int, ...]:
     bad = [i for i in ids if not 0 <= int(i) < h.cfg.n_vocab]
     if bad:
         raise EngineError(f"token ids {bad[:5]} outside the vocabulary (0..{h.cfg.n_vocab - 1})",
                           "tokenize with this model's tokenizer")
-    return torch.tensor([int(i) for i in ids], dtype=torch.long, device=h.device)
+    return tuple(int(i) for i in ids)
+
+
+def _ids(h: Loaded, ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(_checked(h, ids), dtype=torch.long, device=h.device)
 
 
 def _n_ctx(geometry: Geometry, need: int) -> int:

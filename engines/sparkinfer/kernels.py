@@ -10,8 +10,9 @@ between two weight reads. For one token:
   cast back, plus the norm and the add);
 * ``kda_step``: a KDA layer between its products — conv + silu (conv state shifted in place), l2 norms, the
   gate, the delta rule on the state in place, the head norm and output gate — one program per head;
-* ``mla_decode``: MLA's latent row written at pos, q absorbed through wk_b, a split online softmax over the
-  cache rows and the combine through wv_b and the gate, in four launches;
+* ``mla_decode``: MLA's latent row written at pos and q absorbed through wk_b; flash-decoding over the cache
+  rows (each program reads its rows once for a block of heads, the scores on the tensor cores); the combine
+  of the splits, and out through wv_b and the gate: four launches;
 * ``res_mix``, ``route``, ``situ_vec``: the residual mix, the router's top-k and weights, situ;
 * ``decode_experts``: the routed experts in two launches that read each selected expert's rows where they lie
   (the torch form gathers them into a copy first: on the K3-width slice 16 x (6144 x 3584 + 3584 x 3072) f16 =
@@ -19,8 +20,10 @@ between two weight reads. For one token:
   inside each program (no atomics: the same sum every run, which graph replays and the round's greedy check
   need).
 
-For the prefill: ``chunk_scan`` (the KDA chunk-to-chunk recurrence, three launches per 16-token chunk in torch)
-and ``grouped_mm`` (the routed experts' grouped products; torch's f16 path loops over the experts hit).
+For the prefill: ``chunk_scan`` (the KDA chunk-to-chunk recurrence, three launches per 16-token chunk in torch),
+``grouped_mm`` (the routed experts' grouped products; torch's f16 path loops over the experts hit) and
+``mla_attend`` (MLA's causal attention over the latent cache in one launch, reading only the rows on or below
+the diagonal; torch's form computes every score in f32 on CUDA cores).
 
 Numerics: f32 activations and accumulation throughout, f16/bf16 weights and cache read as stored, products
 in full f32 (``input_precision="ieee"``) where both sides are f32. No kernel reads a host value inside a
@@ -80,14 +83,43 @@ BLOCK_SITU = 1024  # columns per program in situ_vec
 # of dependent loads on a single multiprocessor: 4.8 us per call in the eager profile at c1b1c3a, 16 calls per
 # k3-gpu token). bench/h200_kernel_sweep.py times the splits before a step sets one
 RES_MIX_COLS = 0
-MLA_ROWS = 128  # latent cache rows per program of mla_decode's softmax (span 2048 x 16 heads: 256 programs)
-MLA_BT = 16  # rows per step inside one
-GMM_BM, GMM_BN, GMM_BK = 64, 64, 32  # grouped_mm's tile
+# mla_decode's split (flash-decoding): each program reads its latent rows once for MLA_BH heads (a tl.dot needs
+# at least 16 rows: k3-gpu's 16 heads are one block, k3-wide's 96 six), MLA_BT rows per step. About MLA_PROGRAMS
+# programs (two per multiprocessor of an H200's 132) share the rows 0..pos, at least MLA_ROWS_MIN rows each; the
+# combine merges MLA_COMBINE_SPLITS splits per step in programs of MLA_COMBINE_COLS latent columns. The tile
+# (16 heads, 64 rows, 4 warps, 2 stages) was the fastest of bench/mla_depth.py's grid on one H200 (2026-12-02,
+# Triton 3.6, bench/results-h200-2026-12-02-mla-depth): one token over 262,044 rows of k3-gpu's widths in
+# 106 us (2.85 TB/s of latent rows; 32 rows, 8 warps, 3 stages: 184 us), of k3-wide's 96 heads in 543 us
+MLA_BH = 16
+MLA_BT = 64
+MLA_ROWS_MIN = 128
+MLA_PROGRAMS = 264
+MLA_COMBINE_SPLITS = 64
+MLA_COMBINE_COLS = 64
+MLA_P_SPLIT = False  # the softmax weights as one f16 part (see _mla_step), as flash attention does
+# mla_attend (the prefill's causal attention): MLA_BM query rows (token, head) per program, MLA_CAUSAL_BT rows
+# per step. MLA_CAUSAL_Q_SPLIT: the scores from hi + lo f16 parts of q; off, q in one f16 part, which loses
+# nothing on the f16 targets: there q_abs and q_pe are outputs of f16 products (model._mla), f16 values already.
+# (32 rows, 128 per step, 8 warps, 2 stages) was the fastest of bench/mla_depth.py's grid on one H200 (2026-12-02):
+# a 2048-token call after 14,336 rows at k3-gpu's widths 10.1 ms at (32, 32, 8 warps, 3 stages) -> 4.74 ms (231
+# TFLOP/s of the causal half's 2 (2 kvr + rope) per pair), k3-wide's 96 heads 59.0 -> 28.3 ms; the q split
+# costs 1.5x
+MLA_BM = 32
+MLA_CAUSAL_BT = 128
+MLA_CAUSAL_Q_SPLIT = False
+LOG2E = 1.4426950408889634  # the kernels' softmaxes run in base 2: exp(x) = exp2(x log2 e)
+# grouped_mm's tile (rows, columns, reduction step; 8 warps, 3 stages below): the fastest of bench/grouped_tiles.py's
+# grid on one H200 (2026-12-02, Triton 3.6, bench/results-h200-2026-12-02-grouped-tiles): one 2048-token call's
+# two products of a MoE layer at k3-wide's widths 12.66 + 6.47 ms at (64, 64, 32, 4 warps) -> 3.45 + 1.96 ms (419
+# and 368 TFLOP/s), at k3-gpu's 0.744 + 0.591 -> 0.518 + 0.379 ms; the outputs equal (f32 sums of exact products)
+GMM_BM, GMM_BN, GMM_BK = 128, 256, 64
 SCAN_BV = 16  # value columns per chunk_scan program
 # warps per program where the default 4 spills: ptxas for sm_90 (Triton 3.6, bench/triton_compile.py) gave
 # kda_step 255 registers + 72 B stack at 8 warps (104 B at 16), chunk_scan 172 and no stack at 8 warps with 16
-# value columns (255 + 264 B at 4 warps with 32), mla_combine no stack at 8 warps up to 64 splits
-WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_combine": 8}
+# value columns (255 + 264 B at 4 warps with 32); mla_split at its tile above: 255 + 664 B (Triton 3.8), which
+# still beat every tile that does not spill
+WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8, "grouped_mm": 8}
+STAGES = {"mla_split": 2, "mla_causal": 2, "grouped_mm": 3}  # software-pipelined loads in flight per loop (Triton's default 3)
 BLOCK_K = 512  # experts_in_situ's reduction step over the latent (f16 weights: 1 KB per row per step)
 # experts_down_sum's reduction step over F. Its bytes in flight are LAT x BLOCK_KD x 2 per pipeline stage whatever
 # BLOCK_L is: at 128 that was 256 KB on k3-gpu, where an H200 wants a few MB; at 1024, 2 MB
@@ -421,94 +453,233 @@ def kda_step(q: Tensor, k: Tensor, v: Tensor, gf: Tensor, beta: Tensor, gout: Te
 
 
 @triton.jit
-def _mla_kv_write(kv_ptr, norm_ptr, lat_ptr, pos_ptr, eps, KVR: tl.constexpr, ROPE: tl.constexpr):
-    # the token's latent row: RMS-normed compressed kv | k_pe, stored as f16 at row pos
-    c = tl.arange(0, KVR)
-    r = tl.arange(0, ROPE)
-    kv = tl.load(kv_ptr + c)
-    kv = kv / tl.sqrt(tl.sum(kv * kv, 0) / KVR + eps) * tl.load(norm_ptr + c)
-    row = lat_ptr + tl.load(pos_ptr).to(tl.int64) * (KVR + ROPE)
-    tl.store(row + c, kv.to(tl.float16))
-    tl.store(row + KVR + r, tl.load(kv_ptr + KVR + r).to(tl.float16))
-
-
-@triton.jit
-def _mla_qabs(q_ptr, wkb_ptr, qabs_ptr, KVR: tl.constexpr, ROPE: tl.constexpr, NOPE: tl.constexpr,
-              BC: tl.constexpr):
-    # q absorbed into the latent space: q_abs[h, c] = sum_n q_nope[h, n] wk_b[h, c, n]
+def _mla_qabs(q_ptr, wkb_ptr, kv_ptr, norm_ptr, lat_ptr, pos_ptr, qa_ptr, eps, KVR: tl.constexpr, ROPE: tl.constexpr,
+              NOPE: tl.constexpr, BC: tl.constexpr):
+    # q absorbed into the latent space, qa[h] = q_abs[h] | q_pe[h] with q_abs[h, c] = sum_n q_nope[h, n] wk_b[h, c, n]
+    # (f32); program (0, 0) also writes the token's latent row (RMS-normed kv | k_pe, f16) at row pos
     h = tl.program_id(0)
-    cc = tl.program_id(1) * BC + tl.arange(0, BC)
+    cb = tl.program_id(1)
+    cc = cb * BC + tl.arange(0, BC)
     n = tl.arange(0, NOPE)
+    r = tl.arange(0, ROPE)
     qn = tl.load(q_ptr + h * (NOPE + ROPE) + n)
     wk = tl.load(wkb_ptr + h * KVR * NOPE + cc[:, None] * NOPE + n[None, :]).to(tl.float32)
-    tl.store(qabs_ptr + h * KVR + cc, tl.sum(wk * qn[None, :], 1))
+    tl.store(qa_ptr + h * (KVR + ROPE) + cc, tl.sum(wk * qn[None, :], 1))
+    if cb == 0:
+        tl.store(qa_ptr + h * (KVR + ROPE) + KVR + r, tl.load(q_ptr + h * (NOPE + ROPE) + NOPE + r))
+        if h == 0:
+            c = tl.arange(0, KVR)
+            kv = tl.load(kv_ptr + c)
+            kv = kv / tl.sqrt(tl.sum(kv * kv, 0) / KVR + eps) * tl.load(norm_ptr + c)
+            row = lat_ptr + tl.load(pos_ptr).to(tl.int64) * (KVR + ROPE)
+            tl.store(row + c, kv.to(tl.float16))
+            tl.store(row + KVR + r, tl.load(kv_ptr + KVR + r).to(tl.float16))
 
 
 @triton.jit
-def _mla_attend(q_ptr, qabs_ptr, lat_ptr, pos_ptr, part_ptr, scale, N_SPLIT, KVR: tl.constexpr,
-                ROPE: tl.constexpr, NOPE: tl.constexpr, ROWS: tl.constexpr, BT: tl.constexpr):
-    # one (head, split of the cache rows): an online softmax over the split's rows 0..pos; writes (running
-    # max, running sum, weighted latent sum [KVR]) for the combine
-    h = tl.program_id(0)
-    sp = tl.program_id(1)
+def _mla_q(qa_ptr, rows, ok, qscale, KVR: tl.constexpr, ROPE: tl.constexpr):
+    # BM query rows of qa [rows, KVR + ROPE] f32 as f16 tensor-core operands: each row scaled by a power of two
+    # 2^-e (exact) so its largest value is in [1, 2), then split hi = f16(x), lo = f16(x - hi): hi + lo keeps ~22
+    # bits of every value whatever its magnitude (f16 alone keeps 11, and overflows past 65504), and a row of
+    # f16 values (an f16 product's output) is hi alone, exactly. -> (hi, lo of the latent part [BM, KVR], hi, lo
+    # of the rope part [BM, ROPE], the scores' scale 2^e * qscale [BM])
     c = tl.arange(0, KVR)
     r = tl.arange(0, ROPE)
-    q_abs = tl.load(qabs_ptr + h * KVR + c)
-    q_pe = tl.load(q_ptr + h * (NOPE + ROPE) + NOPE + r)
-    pos = tl.load(pos_ptr).to(tl.int32)
-    m = -float("inf")
-    total = 0.0
-    acc = tl.zeros([KVR], dtype=tl.float32)
-    for t0 in range(0, ROWS, BT):
-        t = sp * ROWS + t0 + tl.arange(0, BT)
-        live = t <= pos
-        rowp = lat_ptr + t.to(tl.int64)[:, None] * (KVR + ROPE)
-        lat = tl.load(rowp + c[None, :], mask=live[:, None], other=0.0).to(tl.float32)  # [BT, KVR]
-        pe = tl.load(rowp + KVR + r[None, :], mask=live[:, None], other=0.0).to(tl.float32)  # [BT, ROPE]
-        sc = (tl.sum(lat * q_abs[None, :], 1) + tl.sum(pe * q_pe[None, :], 1)) * scale
-        sc = tl.where(live, sc, -float("inf"))
-        m_new = tl.maximum(m, tl.max(sc, 0))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a split with no live row so far
-        pw = tl.exp(sc - m_safe)
-        alpha = tl.exp(m - m_safe)
-        total = total * alpha + tl.sum(pw, 0)
-        acc = acc * alpha + tl.sum(lat * pw[:, None], 0)
-        m = m_new
-    out = part_ptr + (h * N_SPLIT + sp) * (KVR + 2)
-    tl.store(out, m)
-    tl.store(out + 1, total)
-    tl.store(out + 2 + c, acc)
+    base = qa_ptr + rows.to(tl.int64)[:, None] * (KVR + ROPE)
+    qa = tl.load(base + c[None, :], mask=ok[:, None], other=0.0)
+    qp = tl.load(base + KVR + r[None, :], mask=ok[:, None], other=0.0)
+    amax = tl.maximum(tl.max(tl.abs(qa), 1), tl.max(tl.abs(qp), 1))  # [BM]
+    ebits = tl.maximum(amax.to(tl.int32, bitcast=True) & 0x7F800000, 1 << 23)  # 2^e, e = floor(log2 amax)
+    inv = ((254 << 23) - ebits).to(tl.float32, bitcast=True)  # 2^-e
+    qa = qa * inv[:, None]
+    qp = qp * inv[:, None]
+    ah = qa.to(tl.float16)
+    ph = qp.to(tl.float16)
+    al = (qa - ah.to(tl.float32)).to(tl.float16)
+    pl = (qp - ph.to(tl.float32)).to(tl.float16)
+    return ah, al, ph, pl, ebits.to(tl.float32, bitcast=True) * qscale
 
 
 @triton.jit
-def _mla_combine(part_ptr, wvb_ptr, gate_ptr, out_ptr, N_SPLIT, HAS_GATE: tl.constexpr, KVR: tl.constexpr,
-                 V: tl.constexpr, NSP: tl.constexpr, BV: tl.constexpr):
-    # one head: the splits merged (softmax over all live rows), then out of the latent space through wv_b
-    h = tl.program_id(0)
+def _mla_step(ah, al, ph, pl, sw, lat_ptr, t, rows_ok, seen, m_i, l_i, acc, KVR: tl.constexpr, ROPE: tl.constexpr,
+              Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr):
+    # one tile of latent rows t [BT] (rows_ok: the rows to load) against BM query rows (_mla_q's parts), every
+    # query row sharing the one latent "MQA" row per token: scores s [BM, BT] = q_abs . kv + q_pe . k_pe on the
+    # tensor cores (f16 operands, f32 sums; products of f16 values are exact in f32), then scaled by sw [BM] into
+    # the log2 domain (sw = 2^e * scale * log2 e); `seen` [BM, BT]: the pairs the softmax counts. The online softmax's running max
+    # m_i [BM], sum l_i [BM] and weighted latent sum acc [BM, KVR] are updated and returned. P_SPLIT: the
+    # weights in hi + lo f16 parts as q (else one f16 part: ~2^-12 relative per weight, in sum and numerator)
     c = tl.arange(0, KVR)
-    sps = tl.arange(0, NSP)
-    ok = sps < N_SPLIT
-    base = part_ptr + (h * N_SPLIT + sps) * (KVR + 2)
-    ms = tl.load(base, mask=ok, other=-float("inf"))
-    ls = tl.load(base + 1, mask=ok, other=0.0)
-    mm = tl.max(ms, 0)
-    wsp = tl.where(ms == -float("inf"), 0.0, tl.exp(ms - mm))  # a split with no live row weighs nothing
-    accs = tl.load(base[:, None] + 2 + c[None, :], mask=ok[:, None], other=0.0)  # [NSP, KVR]
-    o_lat = tl.sum(accs * wsp[:, None], 0) / tl.sum(ls * wsp, 0)  # [KVR]
-    for v0 in range(0, V, BV):
-        vv = v0 + tl.arange(0, BV)
-        wv = tl.load(wvb_ptr + h * V * KVR + vv[:, None] * KVR + c[None, :]).to(tl.float32)  # [BV, KVR]
-        o = tl.sum(wv * o_lat[None, :], 1)
-        if HAS_GATE:
-            o = o * tl.sigmoid(tl.load(gate_ptr + h * V + vv))
-        tl.store(out_ptr + h * V + vv, o)
+    r = tl.arange(0, ROPE)
+    rowp = lat_ptr + t.to(tl.int64)[:, None] * (KVR + ROPE)
+    kv = tl.load(rowp + c[None, :], mask=rows_ok[:, None], other=0.0)  # [BT, KVR] f16
+    pe = tl.load(rowp + KVR + r[None, :], mask=rows_ok[:, None], other=0.0)  # [BT, ROPE] f16
+    kvt = tl.trans(kv)
+    pet = tl.trans(pe)
+    sc = tl.dot(ah, kvt)
+    sc = tl.dot(ph, pet, sc)
+    if Q_SPLIT:
+        sc = tl.dot(al, kvt, sc)
+        sc = tl.dot(pl, pet, sc)
+    sc = tl.where(seen, sc * sw[:, None], -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, 1))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a query row with no row seen yet
+    p = tl.exp2(sc - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    p_hi = p.to(tl.float16)
+    acc = tl.dot(p_hi, kv, acc * alpha[:, None])
+    if P_SPLIT:
+        acc = tl.dot((p - p_hi.to(tl.float32)).to(tl.float16), kv, acc)
+        l_i = l_i * alpha + tl.sum(p, 1)
+    else:
+        l_i = l_i * alpha + tl.sum(p_hi.to(tl.float32), 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _mla_rows_per(pos, n_split, rows_min, BT: tl.constexpr):
+    # rows per split at this position: the live rows 0..pos over the n_split splits, in whole steps of BT rows,
+    # at least rows_min (a shallow position in a large graph span still fills the splits it needs)
+    return tl.maximum(tl.cdiv(tl.cdiv(pos + 1, n_split), BT) * BT, rows_min)
+
+
+@triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
+def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split, rows_min, qscale, KVR: tl.constexpr,
+               ROPE: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, Q_SPLIT: tl.constexpr,
+               P_SPLIT: tl.constexpr):
+    # flash-decoding: one (block of BH heads, split of the latent rows 0..pos); the split's rows are read once
+    # for all BH heads. Rows per split follow pos (read on the device), so every split holds live rows whatever
+    # the span; a split past pos (a shallow position) exits at once and writes nothing (the combine reads only
+    # the splits that hold a row <= pos). Writes the split's running max, sum and weighted latent sum per head:
+    # m, l [n_split, H], acc [n_split, H, KVR]
+    hb = tl.program_id(0)
+    sp = tl.program_id(1)
+    pos = tl.load(pos_ptr).to(tl.int32)
+    rows_per = _mla_rows_per(pos, n_split, rows_min, BT)
+    lo = sp * rows_per
+    hi = tl.minimum(lo + rows_per, pos + 1)
+    if lo < hi:
+        heads = hb * BH + tl.arange(0, BH)
+        hm = heads < H
+        ah, al, ph, pl, sw = _mla_q(qa_ptr, heads, hm, qscale, KVR, ROPE)
+        m_i = tl.full([BH], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([BH], dtype=tl.float32)
+        acc = tl.zeros([BH, KVR], dtype=tl.float32)
+        for t0 in range(lo, hi, BT):
+            t = t0 + tl.arange(0, BT)
+            ok = t < hi
+            m_i, l_i, acc = _mla_step(ah, al, ph, pl, sw, lat_ptr, t, ok, ok[None, :], m_i, l_i, acc, KVR, ROPE,
+                                      Q_SPLIT, P_SPLIT)
+        at = sp.to(tl.int64) * H + heads
+        tl.store(m_ptr + at, m_i, mask=hm)
+        tl.store(l_ptr + at, l_i, mask=hm)
+        tl.store(acc_ptr + at[:, None] * KVR + tl.arange(0, KVR)[None, :], acc, mask=hm[:, None])
+
+
+@triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
+def _mla_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, olat_ptr, H, n_split, rows_min, KVR: tl.constexpr,
+                 BT: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr):
+    # one (head, block of BC latent columns): the live splits (those holding a row <= pos, as _mla_split cut
+    # them) merged by their running maxima, looping over them BS at a time; -> the normalized latent mix
+    # olat [H, KVR]
+    h = tl.program_id(0)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    pos = tl.load(pos_ptr).to(tl.int32)
+    n_live = tl.minimum(pos // _mla_rows_per(pos, n_split, rows_min, BT) + 1, n_split)
+    mv = tl.full([BS], -float("inf"), dtype=tl.float32)
+    for s0 in range(0, n_live, BS):
+        s = s0 + tl.arange(0, BS)
+        mv = tl.maximum(mv, tl.load(m_ptr + s.to(tl.int64) * H + h, mask=s < n_live, other=-float("inf")))
+    mx = tl.max(mv, 0)  # finite: split 0 always holds row 0
+    lv = tl.zeros([BS], dtype=tl.float32)
+    av = tl.zeros([BS, BC], dtype=tl.float32)
+    for s0 in range(0, n_live, BS):
+        s = s0 + tl.arange(0, BS)
+        ok = s < n_live
+        at = s.to(tl.int64) * H + h
+        w = tl.where(ok, tl.exp2(tl.load(m_ptr + at, mask=ok, other=0.0) - mx), 0.0)
+        lv += w * tl.load(l_ptr + at, mask=ok, other=0.0)
+        av += w[:, None] * tl.load(acc_ptr + at[:, None] * KVR + cols[None, :], mask=ok[:, None], other=0.0)
+    tl.store(olat_ptr + h * KVR + cols, tl.sum(av, 0) / tl.sum(lv, 0))
+
+
+@triton.jit
+def _mla_vout(olat_ptr, wvb_ptr, gate_ptr, out_ptr, HAS_GATE: tl.constexpr, KVR: tl.constexpr, V: tl.constexpr,
+              BV: tl.constexpr):
+    # out of the latent space: out[h, v] = sum_c olat[h, c] wv_b[h, v, c] (times the sigmoid output gate)
+    h = tl.program_id(0)
+    vv = tl.program_id(1) * BV + tl.arange(0, BV)
+    c = tl.arange(0, KVR)
+    o_lat = tl.load(olat_ptr + h * KVR + c)
+    wv = tl.load(wvb_ptr + h * V * KVR + vv[:, None] * KVR + c[None, :]).to(tl.float32)  # [BV, KVR]
+    o = tl.sum(wv * o_lat[None, :], 1)
+    if HAS_GATE:
+        o = o * tl.sigmoid(tl.load(gate_ptr + h * V + vv))
+    tl.store(out_ptr + h * V + vv, o)
+
+
+@triton.jit(do_not_specialize=["n_rows", "H", "pos0"])
+def _mla_causal(qa_ptr, lat_ptr, out_ptr, n_rows, H, pos0, qscale, KVR: tl.constexpr, ROPE: tl.constexpr,
+                BM: tl.constexpr, BT: tl.constexpr, Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr):
+    # causal flash attention of a prefill call's query rows (token t, head h) = row t * H + h, at position
+    # pos0 + t, over the latent rows 0..pos0 + t: one program per BM rows, reading only the rows up to its last
+    # token's position (the masked half above the diagonal is never read); -> olat [n_rows, KVR] normalized.
+    # The blocks run last-first, the longest first
+    mb = tl.num_programs(0) - 1 - tl.program_id(0)
+    rows = mb * BM + tl.arange(0, BM)
+    ok = rows < n_rows
+    qpos = pos0 + rows // H  # [BM] each row's last latent row
+    last = pos0 + (tl.minimum(mb * BM + BM, n_rows) - 1) // H
+    ah, al, ph, pl, sw = _mla_q(qa_ptr, rows, ok, qscale, KVR, ROPE)
+    m_i = tl.full([BM], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, KVR], dtype=tl.float32)
+    for t0 in range(0, last + 1, BT):
+        t = t0 + tl.arange(0, BT)
+        m_i, l_i, acc = _mla_step(ah, al, ph, pl, sw, lat_ptr, t, t <= last, t[None, :] <= qpos[:, None], m_i, l_i,
+                                  acc, KVR, ROPE, Q_SPLIT, P_SPLIT)
+    o = acc / tl.where(ok, l_i, 1.0)[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * KVR + tl.arange(0, KVR)[None, :], o, mask=ok[:, None])
+
+
+def mla_attend(q_abs: Tensor, q_pe: Tensor, latent: Tensor, n_past: int, scale: float) -> Tensor:
+    """Causal absorbed MLA attention of a prefill call's T tokens in one launch: token t (at position n_past + t)
+    over the latent rows 0..n_past + t, softmax(scale * (q_abs . kv + q_pe . k_pe)) times kv, the scores on the
+    tensor cores from hi + lo f16 parts of q (~f32 accuracy), only the rows on or below the diagonal read.
+
+    q_abs [T, H, kvr] and q_pe [T, H, rope] f32; latent [n_ctx, kvr + rope] f16, rows n_past..n_past + T - 1
+    written (kvr, rope powers of two). -> [T, H, kvr] f32, what model.attend returns for the absorbed form."""
+    t, h, kvr = q_abs.shape
+    rope = int(q_pe.shape[-1])
+    if latent.shape[1] != kvr + rope or latent.dtype != torch.float16 or n_past + t > latent.shape[0]:
+        raise ValueError(f"mla_attend: latent {tuple(latent.shape)} {latent.dtype} does not hold {n_past} + {t} "
+                         f"rows of kvr {kvr} + rope {rope}")
+    qa = torch.cat([q_abs, q_pe], -1).float().contiguous()  # [T, H, kvr + rope]
+    out = torch.empty(t, h, kvr, dtype=torch.float32, device=q_abs.device)
+    _mla_causal[(triton.cdiv(t * h, MLA_BM),)](qa, latent, out, t * h, h, n_past, scale * LOG2E, KVR=kvr, ROPE=rope, BM=MLA_BM,
+                                               BT=MLA_CAUSAL_BT, Q_SPLIT=MLA_CAUSAL_Q_SPLIT, P_SPLIT=MLA_P_SPLIT,
+                                               num_warps=WARPS["mla_causal"], num_stages=STAGES["mla_causal"])
+    return out
+
+
+def mla_splits(span: int, head_blocks: int) -> int:
+    """mla_decode's splits of a span: about MLA_PROGRAMS programs over the head blocks, and no more than a span of
+    MLA_ROWS_MIN-row splits holds (k3-gpu's 16 heads: 264 at span >= 33792; k3-wide's 96: 44)."""
+    return max(1, min(triton.cdiv(span, MLA_ROWS_MIN), MLA_PROGRAMS // head_blocks))
+
+
+def mla_rows_per(pos: int, n_split: int) -> int:
+    """The latent rows per split at position pos (what _mla_rows_per computes on the device)."""
+    return max(triton.cdiv(triton.cdiv(pos + 1, n_split), MLA_BT) * MLA_BT, MLA_ROWS_MIN)
 
 
 def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tensor, span: int, wk_b: Tensor,
                wv_b: Tensor, gate: Tensor | None, scale: float, eps: float) -> Tensor:
-    """One token of MLA's absorbed attention in four launches: its latent row (RMS-normed kv | k_pe, f16)
-    written at `pos`, q absorbed through wk_b, a split online softmax over rows 0..pos of the first `span`
-    rows, and the combine out through wv_b (times the sigmoid output gate). Widths must be powers of two.
+    """One token of MLA's absorbed attention in four launches: q absorbed through wk_b (and the token's latent
+    row, RMS-normed kv | k_pe in f16, written at `pos`); the split softmax over rows 0..pos of the first `span`
+    rows, each program reading its rows once for a block of heads (tensor-core scores from hi + lo f16 parts of
+    q); the combine of the live splits; out through wv_b (times the sigmoid output gate). kvr, rope, nope and
+    v must be powers of two; the head count need not be.
 
     q [1, H, nope + rope] f32; kv [1, kvr + rope] f32; kv_norm [kvr]; latent [n_ctx, kvr + rope] f16 (written in
     place); pos [1] long on the device; wk_b [H, kvr, nope], wv_b [H, v, kvr] f16; gate [1, H * v] or None.
@@ -519,20 +690,29 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
     if latent.shape[1] != kvr + rope or latent.dtype != torch.float16 or wv_b.shape != (h, v, kvr):
         raise ValueError(f"mla_decode: latent {tuple(latent.shape)} {latent.dtype} / wv_b {tuple(wv_b.shape)} do "
                          f"not fit kvr {kvr} + rope {rope}, {h} heads")
-    kvf = kv.reshape(-1).float().contiguous()
-    _mla_kv_write[(1,)](kvf, kv_norm.float().contiguous(), latent, pos, eps, KVR=kvr, ROPE=rope)
-    qf = q.reshape(-1).float().contiguous()
-    q_abs = torch.empty(h, kvr, dtype=torch.float32, device=q.device)
+    dev = q.device
+    qa = torch.empty(h, kvr + rope, dtype=torch.float32, device=dev)
     bc = min(kvr, 32)
-    _mla_qabs[(h, kvr // bc)](qf, wk_b, q_abs, KVR=kvr, ROPE=rope, NOPE=nope, BC=bc)
-    n_split = triton.cdiv(span, MLA_ROWS)
-    part = torch.empty(h, n_split, kvr + 2, dtype=torch.float32, device=q.device)
-    _mla_attend[(h, n_split)](qf, q_abs, latent, pos, part, scale, n_split, KVR=kvr, ROPE=rope, NOPE=nope,
-                              ROWS=MLA_ROWS, BT=MLA_BT)
-    out = torch.empty(1, h * v, dtype=torch.float32, device=q.device)
+    _mla_qabs[(h, kvr // bc)](q.reshape(-1).float().contiguous(), wk_b, kv.reshape(-1).float().contiguous(),
+                              kv_norm.float().contiguous(), latent, pos, qa, eps, KVR=kvr, ROPE=rope,
+                              NOPE=nope, BC=bc)
+    hb = triton.cdiv(h, MLA_BH)
+    n_split = mla_splits(span, hb)
+    m = torch.empty(n_split, h, dtype=torch.float32, device=dev)
+    lsum = torch.empty(n_split, h, dtype=torch.float32, device=dev)
+    acc = torch.empty(n_split, h, kvr, dtype=torch.float32, device=dev)
+    _mla_split[(hb, n_split)](qa, latent, pos, m, lsum, acc, h, n_split, MLA_ROWS_MIN, scale * LOG2E, KVR=kvr, ROPE=rope, BH=MLA_BH, BT=MLA_BT,
+                              Q_SPLIT=True, P_SPLIT=MLA_P_SPLIT, num_warps=WARPS["mla_split"],
+                              num_stages=STAGES["mla_split"])
+    olat = torch.empty(h, kvr, dtype=torch.float32, device=dev)
+    bcc = min(kvr, MLA_COMBINE_COLS)
+    _mla_combine[(h, kvr // bcc)](m, lsum, acc, pos, olat, h, n_split, MLA_ROWS_MIN, KVR=kvr, BT=MLA_BT,
+                                  BS=MLA_COMBINE_SPLITS,
+                                  BC=bcc)
+    out = torch.empty(1, h * v, dtype=torch.float32, device=dev)
     g = out if gate is None else gate.reshape(-1).float().contiguous()
-    _mla_combine[(h,)](part, wv_b, g, out, n_split, HAS_GATE=gate is not None, KVR=kvr, V=v,
-                       NSP=triton.next_power_of_2(n_split), BV=min(v, 32), num_warps=WARPS["mla_combine"])
+    bv = min(v, 32)
+    _mla_vout[(h, v // bv)](olat, wv_b, g, out, HAS_GATE=gate is not None, KVR=kvr, V=v, BV=bv)
     return out
 
 
@@ -619,7 +799,8 @@ def grouped_mm(x: Tensor, w: Tensor, counts: list[int]) -> Tensor:
         return out
     table = torch.tensor(tiles, dtype=torch.int32).to(x.device, non_blocking=True)
     _grouped_mm[(len(tiles), triton.cdiv(nn, GMM_BN))](x.contiguous(), w, table, out, nn, k, BM=GMM_BM, BN=GMM_BN,
-                                                       BK=GMM_BK)
+                                                       BK=GMM_BK, num_warps=WARPS["grouped_mm"],
+                                                       num_stages=STAGES["grouped_mm"])
     return out
 
 

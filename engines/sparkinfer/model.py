@@ -8,7 +8,10 @@ Numerics, chosen to agree with llama.cpp's CPU backend:
 - norms, softmaxes, router, KDA state and conv state in float32, whatever the compute dtype;
 - with float32 compute, a matmul's activation is rounded as ggml rounds it for the weight's GGUF type
   (none for F32, f16 for F16, q8_0/q8_K blocks for quantized weights; see Mat);
-- the MLA latent cache is stored in float16 (llama.cpp's default KV cache type), attention over it in f32;
+- the MLA latent cache is stored in float16 (llama.cpp's default KV cache type), attention over it in f32 (with
+  the CUDA kernels on: one decoded token's scores at f32 accuracy from hi + lo f16 parts of q, kernels.mla_decode;
+  a prefill call's attention in f16 through torch's fused attention over the decompressed keys and values,
+  mla_sdpa, as llama.cpp's CUDA flash attention takes f16 q and k);
 - KDA: the gated delta rule in a chunked (WY) form for prefill, the recurrent form for one token.
 """
 
@@ -244,6 +247,7 @@ class K3Model:
         # and grouped experts. Set by enable_kernels once each kernel matched its torch form on these weights
         self.use_kernels = False
         self.kernel_errors: dict[str, float] = {}  # each kernel's relative error against its torch form
+        self.mla_prefill = MLA_PREFILL_FORMS[0]  # the prefill's MLA attention with the kernels on (enable_kernels)
 
     def enable_kernels(self) -> str:
         """Use the Triton kernels (kernels.py) — for one token: the products up to VEC_MAX_ELEMENTS with their
@@ -372,6 +376,7 @@ class K3Model:
                 want = self._mla(mlw, x, mtwin, at, 64)
                 got = self._with_kernels(lambda: self._mla(mlw, x, mst, at, 64))
                 errs["mla"] = max(rel(got, want), rel(mst.latent.float(), mtwin.latent.float()))
+                errs.update(self._mla_prefill_error(mlw, mtwin, rnd(40, c.n_embd), rel))
         if c.attn_res_block_size > 0:
             e, rows = c.n_embd, self._res_rows()
             for n_ckpt in sorted({1, rows - 1}):
@@ -394,6 +399,23 @@ class K3Model:
                 name = "product" + "+norm" * use_norm + "+add" * use_add
                 errs[name] = rel(kernels.linear_vec(xv, m.w, n_, c.rms_norm_eps, a_), want)
         return errs
+
+    def _mla_prefill_error(self, lw: dict[str, Any], st: MLAState, x: Tensor, rel: Any) -> dict[str, float]:
+        """The prefill's MLA attention with the kernels (a call of x's T tokens after 24 cached rows of st) against
+        the torch form, in the first of MLA_PREFILL_FORMS that runs on this box and agrees; sets mla_prefill to it.
+        -> {"mla prefill <form>": relative error} (of the last form tried, when none agrees)."""
+        want = self._mla(lw, x, MLAState(latent=st.latent.clone()), 24)
+        err, form = float("inf"), MLA_PREFILL_FORMS[-1]
+        for form in MLA_PREFILL_FORMS:
+            self.mla_prefill = form
+            try:
+                got = self._with_kernels(lambda: self._mla(lw, x, MLAState(latent=st.latent.clone()), 24))
+            except RuntimeError:  # e.g. no fused attention kernel takes these shapes here
+                continue
+            err = rel(got, want)
+            if err < KERNEL_CHECK_TOL:
+                break
+        return {f"mla prefill {form}": err}
 
     # -- state ---------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> K3Cache:
@@ -625,17 +647,34 @@ class K3Model:
             k_all = torch.cat([lat[:, :nope], lat[:, kvr:]], -1).float()  # [S, key_length_mla]
             o = attend(q, k_all, lat[:, :c.value_length_mla].float(), n_past, 1.0 / math.sqrt(c.key_length_mla))
         else:
-            wk_b, wv_b = lw["attn_k_b"], lw["attn_v_b"]  # [H, kvr, nope], [H, v, kvr]
-            qn = round_act(q_nope, wk_b.act).to(wk_b.w.dtype).transpose(0, 1)  # [H, T, nope]
-            q_abs = torch.bmm(qn, wk_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, kvr]
-            k_all = lat.float()  # [S, kvr + rope]
-            qq = torch.cat([q_abs, q_pe], -1)  # [T, H, kvr + rope]
-            o_lat = attend(qq, k_all, k_all[:, :kvr], n_past, 1.0 / math.sqrt(c.key_length_mla))  # [T, H, kvr]
-            ol = round_act(o_lat, wv_b.act).to(wv_b.w.dtype).transpose(0, 1)  # [H, T, kvr]
-            o = torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
+            o = self._mla_prefill(lw, st, q_nope, q_pe, lat, n_past)
         if "attn_gate" in p:  # K3: sigmoid output gate on the normed layer input
             o = o * torch.sigmoid(p["attn_gate"]).view(t, h, -1)
         return self._linear(o.reshape(t, -1), lw["attn_output"], add=residual)
+
+    def _mla_prefill(self, lw: dict[str, Any], st: MLAState, q_nope: Tensor, q_pe: Tensor, lat: Tensor,
+                     n_past: int | Tensor) -> Tensor:
+        """The absorbed MLA attention of T tokens over the latent rows lat [S, kvr + rope] (f16, the call's rows
+        written): [T, H, nope], [T, H, rope] -> [T, H, v] f32. With the kernels on, a call at a known n_past
+        runs the form `mla_prefill` names (enable_kernels chose it): "sdpa" (mla_sdpa, decompressed) or "triton"
+        (kernels.mla_attend, absorbed); else torch's `attend` over the absorbed queries."""
+        c = self.cfg
+        kvr, scale = c.kv_lora_rank, 1.0 / math.sqrt(c.key_length_mla)
+        wk_b, wv_b = lw["attn_k_b"], lw["attn_v_b"]  # [H, kvr, nope], [H, v, kvr]
+        fast = self.use_kernels and not isinstance(n_past, Tensor) and self._mla_kernel_fits(lw, st)
+        if fast and self.mla_prefill == "sdpa":
+            return mla_sdpa(q_nope, q_pe, lat, *mla_sdpa_weights(lw), int(n_past), scale)
+        qn = round_act(q_nope, wk_b.act).to(wk_b.w.dtype).transpose(0, 1)  # [H, T, nope]
+        q_abs = torch.bmm(qn, wk_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, kvr]
+        if fast:
+            from . import kernels  # the causal attention over the f16 cache, in one launch
+
+            o_lat = kernels.mla_attend(q_abs, q_pe, st.latent, int(n_past), scale)  # [T, H, kvr]
+        else:
+            k_all = lat.float()  # [S, kvr + rope]
+            o_lat = attend(torch.cat([q_abs, q_pe], -1), k_all, k_all[:, :kvr], n_past, scale)  # [T, H, kvr]
+        ol = round_act(o_lat, wv_b.act).to(wv_b.w.dtype).transpose(0, 1)  # [H, T, kvr]
+        return torch.bmm(ol, wv_b.w.transpose(1, 2)).float().transpose(0, 1)  # [T, H, v]
 
     # -- FFN -----------------------------------------------------------------------------------
     def _dense(self, lw: dict[str, Any], x: Tensor, norm: Tensor | None = None,
@@ -772,6 +811,9 @@ class K3Model:
 # bench/results-h200-2026-12-02-session6). No product of these models reaches the bound (the largest: 484 M).
 VEC_MAX_ELEMENTS = 1 << 31
 KERNEL_CHECK_TOL = 1e-2  # enable_kernels: f16 rounding of the torch form is ~1e-3 relative
+# the prefill's MLA attention with the kernels on, in order of preference: torch's fused attention over the
+# decompressed form (model.mla_sdpa), else the Triton kernel over the absorbed form (kernels.mla_attend)
+MLA_PREFILL_FORMS = ("sdpa", "triton")
 
 
 def _vec_fits(m: Mat) -> bool:
@@ -830,7 +872,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int | Tensor, scale: float) 
     0..n_past+t (n_past an int, or a [1] device tensor in the static step; later keys are masked). All
     in float32, as llama.cpp's tiled CPU flash attention over an f16 cache (which it uses for ubatches
     of >= 64 tokens; its per-row path for shorter ones rounds q and accumulates in f16). Scores are
-    computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET.
+    computed in blocks of query rows so [T_blk, H, S] stays under ATTN_SCORE_BUDGET, each block against
+    the keys up to its last query only (the causal half above the diagonal is skipped).
     """
     t, h, _ = q.shape
     s = k.shape[0]
@@ -839,11 +882,52 @@ def attend(q: Tensor, k: Tensor, v: Tensor, n_past: int | Tensor, scale: float) 
     kpos = torch.arange(s, device=q.device)
     for t0 in range(0, t, blk):
         qb = q[t0:t0 + blk]
-        sc = (qb @ k.T) * scale  # [tb, H, S]
+        # the keys past a block's last query are masked for all of its rows: never read (with an int n_past)
+        sb = s if isinstance(n_past, Tensor) else min(s, n_past + t0 + int(qb.shape[0]))
+        sc = (qb @ k[:sb].T) * scale  # [tb, H, sb]
         qpos = n_past + t0 + torch.arange(qb.shape[0], device=q.device)
-        sc = sc.masked_fill((kpos[None, :] > qpos[:, None])[:, None, :], float("-inf"))
-        out.append(torch.softmax(sc, -1) @ v)  # [tb, H, Dv]
+        sc = sc.masked_fill((kpos[None, :sb] > qpos[:, None])[:, None, :], float("-inf"))
+        out.append(torch.softmax(sc, -1) @ v[:sb])  # [tb, H, Dv]
     return torch.cat(out, 0)
+
+
+def mla_sdpa(q_nope: Tensor, q_pe: Tensor, lat: Tensor, wk_cat: Tensor, wv_cat: Tensor, n_past: int,
+             scale: float) -> Tensor:
+    """MLA's causal attention of T new tokens in its decompressed form, through torch's fused attention: per head
+    h, keys k_h = (kv wk_b[h] | k_pe) [S, nope + rope] and values v_h = kv wv_b[h]^T [S, v] in the cache's dtype
+    (f16), and scaled_dot_product_attention with the causal mask aligned to the last T of the S keys. The same
+    softmax as the absorbed form (q_abs . kv = q_nope . kv wk_b) at 2 (nope + rope + v) FLOPs per (query, key,
+    head) instead of 2 (2 kvr + rope). v is zero-padded to the key width so flash attention takes it (it needs
+    one head dim); only the fused kernels may run (the math fallback would hold [T, S] scores per head).
+
+    q_nope [T, H, nope], q_pe [T, H, rope]; lat [S, kvr + rope] (S = n_past + T); wk_cat [kvr, H * nope] and
+    wv_cat [kvr, H * v]: wk_b, wv_b laid out for one product each (mla_sdpa_weights). -> [T, H, v] f32."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    t, h, nope = q_nope.shape
+    s, dt = int(lat.shape[0]), lat.dtype
+    kvr = int(wk_cat.shape[0])
+    v_dim = int(wv_cat.shape[1]) // h
+    kv = lat[:, :kvr]
+    k = torch.cat([(kv @ wk_cat).view(s, h, nope), lat[:, None, kvr:].expand(s, h, -1)], -1)  # [S, H, nope + rope]
+    v = F.pad((kv @ wv_cat).view(s, h, v_dim), (0, k.shape[-1] - v_dim))  # [S, H, nope + rope], zeros past v
+    q = torch.cat([q_nope, q_pe], -1).to(dt)  # [T, H, nope + rope]
+    mask = causal_lower_right(t, s) if t != s else None
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                           attn_mask=mask, is_causal=mask is None, scale=scale)
+    return o[0, :, :, :v_dim].transpose(0, 1).float()  # [T, H, v]
+
+
+def mla_sdpa_weights(lw: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """wk_b [H, kvr, nope] and wv_b [H, v, kvr] as [kvr, H * nope] and [kvr, H * v] (one product each), made once
+    per layer's weights."""
+    if "mla_sdpa.wk" not in lw:
+        wk, wv = lw["attn_k_b"].w, lw["attn_v_b"].w
+        lw["mla_sdpa.wk"] = wk.permute(1, 0, 2).reshape(wk.shape[1], -1).contiguous()
+        lw["mla_sdpa.wv"] = wv.permute(2, 0, 1).reshape(wv.shape[2], -1).contiguous()
+    return lw["mla_sdpa.wk"], lw["mla_sdpa.wv"]
 
 
 # ----------------------------------------------------------------------------------------------
