@@ -63,15 +63,16 @@ CONTRACT_VERSION = 2
 # only this module and scoreboard.errors. Besides the contract's own types, this module lends the harness helpers
 # below, so an engine checks, caches and fails the way the harness does. The surface is versioned with the contract:
 # a name leaves it or changes meaning only with a CONTRACT_VERSION bump; adding one is compatible. They are loaded
-# on first use (importing the contract stays cheap and cycle-free); tests/test_engine_surface.py holds engines to it.
+# on first use (importing the contract stays cheap and cycle-free: no module here is in round/, history/ or pins/,
+# and none imports this one); tests/test_engine_surface.py holds engines to it and the table to both rules.
 LENT: dict[str, str] = {
     "cache_dir": "scoreboard.cache",  # the harness's cache rule (explicit, $SCOREBOARD_CACHE, ~/.cache/scoreboard)
     "GitReference": "scoreboard.lockfile",  # the pinned reference source a target carries (EngineTarget.reference)
     "SdistReference": "scoreboard.lockfile",
     "atomic_write_text": "scoreboard.lockfile",  # write-to-temp-then-rename
-    "ls_remote": "scoreboard.pins.git",  # resolve a git ref as the pin audit does
-    "GitUnavailable": "scoreboard.pins.git",  # ... and its "could not ask" (an error, never drift)
-    "compare_scans": "scoreboard.round.evidence",  # a build's files vs recorded hashes, in the harness's wording
+    "ls_remote": "scoreboard.gitref",  # resolve a git ref as the pin audit does
+    "GitUnavailable": "scoreboard.gitref",  # ... and its "could not ask" (an error, never drift)
+    "compare_scans": "scoreboard.scans",  # a build's files vs recorded hashes, in the harness's wording
     "load_k3_config": "scoreboard.models.k3",  # a Kimi K3 GGUF's config, refusing its known traps by name
     "GIB": "scoreboard.fit",  # bytes per GiB
     "fit_budget": "scoreboard.fit",  # the per-rank memory budget of a target
@@ -91,8 +92,8 @@ if TYPE_CHECKING:
     from .fit import GIB, fit_budget, price_weights
     from .lockfile import GitReference, SdistReference, atomic_write_text
     from .models.k3 import load_k3_config
-    from .pins.git import GitUnavailable, ls_remote
-    from .round.evidence import compare_scans
+    from .gitref import GitUnavailable, ls_remote
+    from .scans import compare_scans
 
 
 def __getattr__(name: str) -> Any:

@@ -252,12 +252,12 @@ class Round:
 def candidate_options(target: Target, opts: RoundOptions, target_id: str) -> dict[str, Any]:
     """The candidate engine's options: the lock's, with RoundOptions.candidate_options (tests, calibration)
     over them key by key; checked against the engine's typed options model before any engine runs."""
+    from .. import registry
     from ..errors import LockError
-    from ..lockfile import engine_option_problems
 
     merged = {**target.candidate_options, **opts.candidate_options}
-    problems = engine_option_problems(target.candidate_engine, merged, f"targets.{target_id}.candidate_options",
-                                      in_lock=False)
+    problems = registry.option_problems(target.candidate_engine, merged, f"targets.{target_id}.candidate_options",
+                                        in_lock=False)
     if problems is None:
         raise InputError(f"targets.{target_id}.candidate_engine: engine {target.candidate_engine!r} or its typed "
                          "options could not be loaded", "`scoreboard engines` lists the installed engines")
@@ -326,13 +326,15 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
 
 
 def check_inputs(opts: RoundOptions, lock: Lock) -> None:
-    """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1).
+    """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1): the
+    target's engines and, through their typed options models, what the lock pins for the candidate.
 
     Only facts that need no measurement belong here: the options, the target's names and engines, the
     generated weights' file list, whether the weights can seal at all. What needs the box (hashing
     shards, the node class, building the reference, running an engine) is observed by the round.
     """
     from .. import registry
+    from ..errors import LockError
 
     t = lock.target(opts.target)
     if opts.seed is not None and not 0 <= opts.seed < 2 ** 63:
@@ -354,6 +356,10 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
             raise InputError(f"targets.{opts.target}.{field_name}: unknown engine {engine!r} (registered: "
                              f"{', '.join(known) or 'none'})", f"fix {field_name} in {opts.lock_path}, or install "
                              "the engine's package (`scoreboard engines` lists what is registered)")
+    lock_options = registry.option_problems(t.candidate_engine, t.candidate_options,
+                                            f"targets.{opts.target}.candidate_options")
+    if lock_options:  # what the lock pins, by the engine's LockOptions (the loader loads no engine to check it)
+        raise LockError(lock_options, str(opts.lock_path))
     w = lock.weights[t.weights]
     if w.repo == "generated":
         from ..weights.generate import shard_names
