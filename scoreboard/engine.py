@@ -278,3 +278,30 @@ class Engine(abc.ABC):
 
     def close(self, prepared: Prepared) -> None:
         return None
+
+    # optional: what this engine adds to its target's calibration (below)
+    def calibration(self, device: Literal["cpu", "cuda"]) -> "CalibrationSuite | None":
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# An engine's own additions to a target's calibration (optional). A target's gate bars are calibrated by the
+# harness's bundled instrument (sparkinfer: its injected faults and its two precisions), and every candidate
+# engine relies on that record; an engine that knows silent bugs or precisions of its own returns them from
+# Engine.calibration(device), and `scoreboard gate calibrate` measures them too when the engine is the target's
+# candidate. The harness asks in a fresh interpreter (scoreboard.probe), never in its own process.
+
+@dataclass(frozen=True)
+class CalibrationSuite:
+    """Each entry is a set of the engine's own options, merged over the target's candidate_options for one arm.
+
+    faults: name -> the options that switch on one known silent bug; the bars must reject each with margin
+    (KL mean >= kl_max x margin on its best seed), like the instrument's faults.
+    precisions: (precise, coarse) -> the engine's noise floor, KL(engine at precise || engine at coarse), which must
+    sit a margin below the bar (<= kl_max / margin), like the instrument's; None: no noise floor of its own."""
+
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    precisions: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+
+__all__ += ["CalibrationSuite"]

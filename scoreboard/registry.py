@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,6 +29,28 @@ def _table() -> dict[str, str | Callable[[], Engine]]:
     table: dict[str, str | Callable[[], Engine]] = {ep.name: ep.value for ep in entry_points(group=GROUP)}
     table.update(_injected)
     return table
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One engine the table holds, and who put it there."""
+
+    name: str
+    spec: str  # "module:attr"; "" for an injected factory
+    distribution: str  # the installed distribution whose entry point registers it; "(injected)" for tests
+    version: str
+
+
+def registered() -> list[Registered]:
+    """Every engine in the table, sorted by name: entry points with their distribution, then injected ones."""
+    out: dict[str, Registered] = {}
+    for ep in entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        out[ep.name] = Registered(ep.name, ep.value, dist.metadata["Name"] if dist else "",
+                                  dist.version if dist else "")
+    for name, spec in _injected.items():
+        out[name] = Registered(name, spec if isinstance(spec, str) else "", "(injected)", "")
+    return [out[k] for k in sorted(out)]
 
 
 def available() -> list[str]:
