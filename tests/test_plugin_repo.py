@@ -205,3 +205,32 @@ def test_bad_input_is_refused_naming_the_path_and_the_fix_with_nothing_written(c
     assert says.format(p=repo) in exc.value.message, exc.value.message
     assert exc.value.hint
     assert not (tmp_path / "rounds").exists()
+
+
+def test_a_main_round_re_measures_the_plugin_commit_that_set_the_frontier(lock, plugin, cache, tmp_path):
+    """A BASELINE of the plugin's main moves its frontier slot (sealed, calibrated, sandboxed); the next main round
+    re-measures that commit of the plugin's repository as its frontier arm."""
+    from scoreboard import environment
+    from scoreboard.calibrate import write_record
+    from test_calibrate import synthetic
+
+    if environment.fingerprint().get("harness", {}).get("dirty"):
+        pytest.skip("this checkout is dirty (engines/ or scoreboard/): its main round sets no frontier")
+    rounds = tmp_path / "rounds"
+    write_record(synthetic(lock, target=TARGET), rounds)  # the toy target's bars, separated (a synthetic record)
+    first = git(plugin, "rev-parse", "HEAD")
+    out = _round(lock, plugin, cache, tmp_path, require_calibration=True)
+    assert out.receipt["verdict"]["label"] == "BASELINE", out.receipt.get("aborted") or out.receipt["verdict"]
+    assert {ch.commit for ch in out.frontier_change if ch.kind == "frontier"} == {first}
+    (plugin / "NOTE").write_text("a later main commit\n")
+    second = commit(plugin, "later main")
+    again = _round(lock, plugin, cache, tmp_path, require_calibration=True, seed=6)
+    r = again.receipt
+    assert r["status"] == "verdict", r["aborted"]
+    assert r["candidate"]["commit"] == second and r["speed"]["frontier_arm"]["commit"] == first
+    scored = next(m for m in r["speed"]["metrics"] if m["role"] == "scored")
+    assert set(scored["arms"]) == {"reference", "candidate", "frontier"}
+    arms = {a["arm"]: a["commit"] for a in r["provenance"]["engine_repo"]["arms"]}
+    assert arms == {"candidate": second, "frontier": first}
+    assert r["verdict"]["basis"] == "frontier-same-round"
+    assert verify_all(lock, rounds).ok
