@@ -287,6 +287,10 @@ class Target(_Model):
     # them; sealed with lock_target. Checked against the engine's typed model where engines are loaded (a round's
     # check_inputs: scoreboard.registry.option_problems), never here: loading the lock loads no engine
     candidate_options: dict[str, Any] = Field(default_factory=dict)
+    # the calibration instrument's options (the bundled sparkinfer, whose faults and precisions calibrate the
+    # gate's bars) when the candidate is another engine; a sparkinfer candidate's own candidate_options are the
+    # instrument's, and this stays empty (scoreboard.instrument)
+    instrument_options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("geometry")
     @classmethod
