@@ -125,7 +125,8 @@ def _engine_suite(opts: CalibrationOptions, target: Target, scratch: Path, main_
     source, note = inst.engine_source(engine, opts.engine_repo, scratch, main_branch, instrument_src)
     if source is None:
         return inst.EngineSuite(engine, None, None, note)
-    check = armcode.check(engine, source, opts.cache_dir, None, "calibration", device=target.device)
+    check = armcode.check(engine, source, opts.cache_dir, None, "calibration", device=target.device,
+                          isolation="bwrap", scratch=scratch, target_device=target.device)
     if check.calibration is None:
         return inst.EngineSuite(engine, source, None, "the engine declares no faults or precisions of its own "
                                                       "(Engine.calibration returns None)")

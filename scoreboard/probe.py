@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .engine import CalibrationSuite
 from .errors import InputError
@@ -26,6 +26,7 @@ _EMPTY = tempfile.TemporaryDirectory(prefix="sb-probe-")  # removed when this pr
 _SCRIPT = """\
 import importlib, json, sys
 req = json.loads(sys.argv[1])
+sys.path[:0] = req["paths"]  # an arm's exported package first, as the worker puts it (scoreboard.worker.serve)
 out = {"ok": False, "stage": "", "error": "", "engine_class": "", "calibration": None}
 def fail(stage, exc):
     out.update(stage=stage, error=exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}")
@@ -89,12 +90,17 @@ class EntryCheck:
                 "engine_class": self.engine_class, "distribution": self.distribution, "version": self.version}
 
 
+Launcher = Callable[[list[str]], tuple[list[str], dict[str, str] | None]]  # argv -> (argv, env) that runs it
+
+
 def check_entry(name: str, spec: str, python: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-                device: str = "", first: Sequence[str] = (), timeout_s: float = PROBE_TIMEOUT_S) -> EntryCheck:
+                device: str = "", first: Sequence[str] = (), timeout_s: float = PROBE_TIMEOUT_S,
+                paths: Sequence[str] = (), launcher: Launcher | None = None) -> EntryCheck:
     """Check engine `name`'s entry point `spec` in a fresh `python` (default: this interpreter) with `env` (default:
-    this process's): the modules `first` import, then the entry point imports, resolves, instantiates to an Engine
-    named `name`; with `device`, its calibration hook answers for that device."""
-    proc = start(name, spec, python, env, device, first)
+    this process's), `paths` first on its import path: the modules `first` import, then the entry point imports,
+    resolves, instantiates to an Engine named `name`; with `device`, its calibration hook answers for that device.
+    `launcher` wraps the command (a sandbox: it then gives the environment too)."""
+    proc = start(name, spec, python, env, device, first, paths, launcher)
     return finish(name, spec, proc, timeout_s)
 
 
@@ -106,13 +112,17 @@ def check_entries(entries: Sequence[tuple[str, str]], python: Sequence[str] | No
 
 
 def start(name: str, spec: str, python: Sequence[str] | None, env: Mapping[str, str] | None, device: str,
-          first: Sequence[str]) -> subprocess.Popen[str] | str:
+          first: Sequence[str], paths: Sequence[str] = (), launcher: Launcher | None = None,
+          ) -> subprocess.Popen[str] | str:
     """The child process (or, when it could not start, why)."""
-    req = json.dumps({"name": name, "spec": spec, "device": device, "first": list(first)})
-    try:  # in an empty directory: `python -c` puts its working directory first on sys.path
-        return subprocess.Popen([*(python or [sys.executable]), "-c", _SCRIPT, req], env=dict(env) if env else None,
-                                cwd=_EMPTY.name, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace")
+    req = json.dumps({"name": name, "spec": spec, "device": device, "first": list(first), "paths": list(paths)})
+    argv = [*(python or [sys.executable]), "-c", _SCRIPT, req]
+    run_env = dict(env) if env else None
+    if launcher is not None:
+        argv, run_env = launcher(argv)
+    try:  # in an empty directory (a sandbox: its own): `python -c` puts its working directory first on sys.path
+        return subprocess.Popen(argv, env=run_env, cwd=_EMPTY.name, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     except OSError as exc:
         return f"the interpreter did not start: {exc}"
 

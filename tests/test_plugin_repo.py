@@ -234,3 +234,20 @@ def test_a_main_round_re_measures_the_plugin_commit_that_set_the_frontier(lock, 
     assert arms == {"candidate": second, "frontier": first}
     assert r["verdict"]["basis"] == "frontier-same-round"
     assert verify_all(lock, rounds).ok
+
+
+def test_a_pr_commits_code_never_runs_outside_the_sandbox_not_even_to_check_its_entry_point(
+        lock, plugin, cache, tmp_path):
+    """The hostile commit writes a file on import (where the harness's check imports it first). The entry point's
+    check runs in the sandbox like its workers, so the host's file system never sees the write."""
+    escaped = tmp_path / "escaped-on-import"
+    git(plugin, "checkout", "-q", "-b", "pr")
+    engine = plugin / "src" / "toyplug" / "engine.py"
+    attack = (f"import os as _os\n_os.makedirs({str(tmp_path)!r}, exist_ok=True)\n"  # in the sandbox: its own /tmp
+              f"open({str(escaped)!r}, 'w').write('out')\n")
+    engine.write_text(engine.read_text().replace("import hashlib\n", "import hashlib\n" + attack, 1))
+    pr = commit(plugin, "writes on import")
+    git(plugin, "checkout", "-q", "main")
+    out = _round(lock, plugin, cache, tmp_path, candidate=pr, seal=False)
+    assert out.receipt["status"] == "verdict", out.receipt["aborted"]  # it ran (the write went to its own tmpfs)
+    assert not escaped.exists()

@@ -8,13 +8,12 @@ with its exported package first on the import path.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from .. import probe, registry
 from ..errors import InputError
-from .candidate import CandidateSource, Origin, import_root
+from .candidate import HARNESS_ROOT, CandidateSource, Origin, import_root
 
 WORKER_MODULE = "scoreboard.worker.serve"  # imported first: the harness's own worker must load beside the engine
 CANDIDATE_FIX = ("this is the candidate's own code: fix the candidate (its entry point must import, resolve to a "
@@ -44,18 +43,36 @@ def installed_elsewhere(engine: str) -> str | None:
 
 
 def check(engine: str, source: CandidateSource, cache_dir: Path, extra_env: dict[str, str] | None, who: str,
-          candidate: bool = False, device: str = "") -> probe.EntryCheck:
-    """The arm's entry point, imported, resolved and instantiated in the arm's own worker environment (PYTHONPATH:
-    its import paths, its engines/, the harness); InputError naming the arm, the engine and what failed. With
-    `device`, the engine's calibration hook answers too (EntryCheck.calibration)."""
+          candidate: bool = False, device: str = "", isolation: str = "none", scratch: Path | None = None,
+          target_device: str = "cpu") -> probe.EntryCheck:
+    """The arm's entry point, imported, resolved and instantiated in a fresh interpreter started as the arm's workers
+    are: inside the sandbox when `isolation` is "bwrap" (the arm's code never runs outside it, not even to be
+    checked), else with the worker's plain environment; its import paths first, then its engines/ and the harness.
+    InputError naming the arm, the engine and what failed. With `device`, the engine's calibration hook answers too
+    (EntryCheck.calibration)."""
+    from . import sandbox
     from .ready import worker_launch
 
     spec = entry_point(engine, source)
-    python, env = worker_launch(import_root(source, cache_dir), extra_env)
-    first = [str(p) for p in import_paths(source)]
-    if first:
-        env = {**env, "PYTHONPATH": os.pathsep.join([*first, env.get("PYTHONPATH", "")])}
-    got = probe.check_entry(engine, spec, python, env, device=device, first=[WORKER_MODULE])
+    root = import_root(source, cache_dir)
+    python, env = worker_launch(root, extra_env)
+    paths = [str(p) for p in import_paths(source)]
+    launcher = None
+    own_root = sandbox.new_scratch_root() if isolation == "bwrap" and scratch is None else None
+    base = scratch if scratch is not None else own_root
+    if isolation == "bwrap" and base is not None:
+        launch_dir = sandbox.new_launch_dir(base)  # in the round's scratch (or a root of its own, removed after)
+
+        def launcher(argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
+            box = sandbox.launch(argv, mode="bwrap", engines_dir=root / "engines", harness_pkg=HARNESS_ROOT / "scoreboard",
+                                 scratch=launch_dir, read_only=list(import_paths(source)), device=target_device,
+                                 env=extra_env)
+            return box.argv, box.env
+    try:
+        got = probe.check_entry(engine, spec, python, env, device=device, first=[WORKER_MODULE], paths=paths,
+                                launcher=launcher)
+    finally:
+        sandbox.remove_tree(own_root)
     if got.ok:
         return got
     raise InputError(f"the {who} arm's engine {engine!r} ({spec}) cannot run: {got.error}",

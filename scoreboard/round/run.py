@@ -326,7 +326,8 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
         ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(harness_side, opts.cache_dir),
                                    rnd.ctx.device_env(), "main (harness)")
     report("step", message="the candidate engine's entry point in a fresh interpreter")
-    armcode.check(rnd.target.candidate_engine, harness_side, opts.cache_dir, rnd.ctx.device_env(), "main (harness)")
+    armcode.check(rnd.target.candidate_engine, harness_side, opts.cache_dir, rnd.ctx.device_env(), "main (harness)",
+                  isolation=opts.isolation, scratch=scratch, target_device=rnd.target.device)
     try:
         rnd.set_up_arms(rnd.stage("preflight", lambda: _preflight(rnd)))
         assert rnd.pre is not None
@@ -413,7 +414,8 @@ def _preflight(rnd: Round) -> Preflight:
         if src.plugin is None:
             ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(src, rnd.opts.cache_dir),
                                        rnd.ctx.device_env(), who, candidate=True)
-        armcode.check(rnd.target.candidate_engine, src, rnd.opts.cache_dir, rnd.ctx.device_env(), who, candidate=True)
+        armcode.check(rnd.target.candidate_engine, src, rnd.opts.cache_dir, rnd.ctx.device_env(), who, candidate=True,
+                      isolation=rnd.ctx.isolation, scratch=rnd.ctx.scratch, target_device=rnd.target.device)
     return preflight(rnd)
 
 
