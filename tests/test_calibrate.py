@@ -402,3 +402,24 @@ def test_an_engines_own_faults_and_noise_floor_are_held_to_the_same_margin(lock)
     assert any(p.startswith("myplug's noise floor ({\"dtype\": \"float64\"} vs {\"dtype\": \"float32\"}): KL mean 0.0001")
                for p in problems), problems
     assert "fault:myplug:weak" in summary(rec) and "engine_noise_floor" in summary(rec)
+
+
+def test_gate_show_names_the_instrument_and_what_the_candidate_engine_added(lock, tmp_path, monkeypatch, capsys):
+    from cli_helpers import run_cli
+
+    rounds = tmp_path / "rounds"
+    rec = synthetic(lock)
+    rec["instrument"] = {"engine": "sparkinfer", "label": "main", "commit": "ab" * 20}
+    rec["engine"] = {"engine": "myplug", "measured": True, "faults": ["f"], "precisions": None,
+                     "source": {"label": "main", "commit": "cd" * 20, "repo": "/src/myplug"}}
+    rec["faults"] = rec["faults"] + ["myplug:f"]
+    for run in rec["runs"]:
+        run["faults"]["myplug:f"] = [{**d, "kl_mean": 1.0} for d in run["correct"]]
+    rec["summary"] = summary(rec)
+    write_record(rec, rounds)
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli(monkeypatch, capsys, "gate", "show", TARGET, "--lock", str(lock), "--rounds", str(rounds))
+    assert code == 0, out
+    assert "instrument sparkinfer main abababababab" in out
+    assert "candidate engine myplug: its own faults and noise floor measured at main cdcdcdcdcdcd of /src/myplug" in out
+    assert "myplug:f" in out
