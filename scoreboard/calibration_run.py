@@ -127,6 +127,8 @@ def _engine_suite(opts: CalibrationOptions, target: Target, scratch: Path, main_
         return inst.EngineSuite(engine, None, None, note)
     check = armcode.check(engine, source, opts.cache_dir, None, "calibration", device=target.device,
                           isolation="bwrap", scratch=scratch, target_device=target.device)
+    if check is None:  # no sandbox here: preflight refuses the calibration before anything is measured
+        return inst.EngineSuite(engine, source, None, "not measured: the sandbox cannot start on this machine")
     if check.calibration is None:
         return inst.EngineSuite(engine, source, None, "the engine declares no faults or precisions of its own "
                                                       "(Engine.calibration returns None)")

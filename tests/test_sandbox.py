@@ -163,8 +163,9 @@ def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monke
     assert seen["scoreboard"] == "/sb/harness/scoreboard/__init__.py"
     assert seen["engine"] == "/sb/arm/engines/sparkinfer/engine.py"
     assert seen["cache_dir"] == "/sb/cache"
+    # LC_CTYPE: Python's own C-locale coercion (PEP 538) sets it in its environment when no LANG reaches it
     assert set(seen["env"]) <= {"PATH", "HOME", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
-                                "PYTHONNOUSERSITE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PWD",
+                                "PYTHONNOUSERSITE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PWD", "LC_CTYPE",
                                 *sandbox.PASS_ENV}
     assert "SCOREBOARD_SIGNING_KEY" not in seen["env"] and "HF_TOKEN" not in seen["env"]
     assert "hosts" in seen["etc"] and "shadow" not in seen["etc"]

@@ -44,14 +44,18 @@ def installed_elsewhere(engine: str) -> str | None:
 
 def check(engine: str, source: CandidateSource, cache_dir: Path, extra_env: dict[str, str] | None, who: str,
           candidate: bool = False, device: str = "", isolation: str = "none", scratch: Path | None = None,
-          target_device: str = "cpu") -> probe.EntryCheck:
+          target_device: str = "cpu") -> probe.EntryCheck | None:
     """The arm's entry point, imported, resolved and instantiated in a fresh interpreter started as the arm's workers
     are: inside the sandbox when `isolation` is "bwrap" (the arm's code never runs outside it, not even to be
     checked), else with the worker's plain environment; its import paths first, then its engines/ and the harness.
     InputError naming the arm, the engine and what failed. With `device`, the engine's calibration hook answers too
-    (EntryCheck.calibration)."""
+    (EntryCheck.calibration). None when the sandbox cannot start here: nothing is checked, because preflight
+    refuses the round (sandbox.check, recorded) before any engine runs."""
     from . import sandbox
     from .ready import worker_launch
+
+    if isolation == "bwrap" and not _sandbox_usable():
+        return None
 
     spec = entry_point(engine, source)
     root = import_root(source, cache_dir)
@@ -87,3 +91,14 @@ def repo_record(where: Origin, sources: dict[str, CandidateSource]) -> dict[str,
              "package_tree": s.engines_tree} for name, s in sources.items() if s.plugin is not None]
     url = next((s.plugin.url for s in sources.values() if s.plugin is not None), "")
     return {"path": str(where.repo), "url": url, "engine": where.engine, "arms": arms}
+
+
+def _sandbox_usable() -> bool:
+    from ..errors import InputError
+    from .sandbox import check as sandbox_check
+
+    try:
+        sandbox_check("bwrap")
+    except InputError:
+        return False
+    return True
