@@ -234,15 +234,15 @@ def _measure(client: Any, base: Any, arms: list[tuple[str, dict[str, Any]]], row
         variant = replace(base, options={**{k: v for k, v in base.options.items() if k != "faults"}, **extra})
         out: list[np.ndarray] = []
         for b in batches:
-            report("progress", task=f"{client.engine_name} workers", done=done, total=total,
-                   message=f"{name}: seeds {', '.join(str(rows[i].seed) for i in b)}")
+            report("progress", task="candidate workers", done=done, total=total,
+                   message=f"{client.engine_name} {name}: seeds {', '.join(str(rows[i].seed) for i in b)}")
             res = client.call(LogitsOp(requests=tuple(LogitsRows.of(rows[i].ids, rows[i].positions) for i in b)),
                               target=variant, timeout_s=target.speed.timeout_s * len(b)).result
             identities.setdefault(name, res.identity)
             out += [np.load(f.path) for f in res.logits or []]
             done += 1
         logits[name] = out
-    report("progress", task=f"{client.engine_name} workers", done=total, total=total, message="done")
+    report("progress", task="candidate workers", done=total, total=total, message=f"{client.engine_name} done")
     return logits, identities
 
 
