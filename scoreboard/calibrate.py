@@ -1,17 +1,23 @@
 """`scoreboard gate calibrate TARGET`: measure that a target's gate bars separate a correct engine from bugs.
 
-For N seeds, each drawing the gate's prompt exactly as a round with that seed draws it, three comparisons go
-through the round's own gate code (preflight, GateStage rows and grading, fresh candidate workers):
+The bars are the target's (its workload, its reference, its bars), so they are measured with one instrument
+whatever the target's candidate engine is: the bundled sparkinfer engine (scoreboard.instrument), its injected
+faults and its two precisions. For N seeds, each drawing the gate's prompt exactly as a round with that seed draws
+it, three comparisons go through the round's own gate code (preflight, GateStage rows and grading, fresh workers):
 
-* ``correct``: KL(reference || candidate), what a round's gate measures;
-* ``noise_floor``: KL(candidate at the more precise of two dtypes || candidate at the other): how far rounding
+* ``correct``: KL(reference || instrument), what a round's gate measures for a correct engine;
+* ``noise_floor``: KL(instrument at the more precise of two dtypes || instrument at the other): how far rounding
   alone moves the answer (cpu: float64 vs float32 matmuls, since the target pins float32 and an honest float32
   engine differs from another only by accumulation rounding; cuda: float32 vs float16);
-* ``faults``: KL(reference || candidate with one injected bug), for every fault that changes the gate's logits.
+* ``faults``: KL(reference || instrument with one injected bug), for every fault that changes the gate's logits.
+
+A candidate engine that is not the instrument may add faults and a noise floor of its own (Engine.calibration):
+``faults`` then also holds ``<engine>:<fault>`` (KL(reference || that engine with its bug)) and every run an
+``engine_noise_floor`` (KL(engine at its precise || at its coarse options)), held to the same bars.
 
 Separated with margin m (the target's ``gate.calibration_margin``, default 20) means, at every gate depth and
-on every seed: noise-floor KL mean <= kl_max / m, correct-engine KL mean <= kl_max and p99 <= kl_p99_max (it
-passes the bars), both with top-1 >= top1_min; the noise floor's top-1 over all seeds' rows >= 0.99 at every
+on every seed: every noise floor's KL mean <= kl_max / m, correct-engine KL mean <= kl_max and p99 <= kl_p99_max
+(it passes the bars), all with top-1 >= top1_min; each noise floor's top-1 over all seeds' rows >= 0.99 at every
 depth (NOISE_TOP1_POOLED_MIN);
 and every fault, on its best seed (lowest KL), reads KL mean >= kl_max x m at its worst depth (the depth at
 which the gate rejects it). A fault's top-1 may be anything: the KL bar alone already rejects it with margin.
@@ -19,8 +25,9 @@ which the gate rejects it). A fault's top-1 may be anything: the KL bar alone al
 The result is a sealed record ``rounds/calibrations/<id>.json`` chained in ``rounds/calibrations.jsonl`` (a
 hash chain of its own, so a calibration never reorders the rounds' ledger). `round run` refuses a target
 whose latest record is missing, was made against another definition of the target (bars, weights pins,
-geometry, reference pin, engines, candidate options) or does not separate the bars; `scoreboard verify`
-checks every record and every receipt's reference to one. No printing here: progress goes through `report`.
+geometry, reference pin, the instrument's options) or does not separate the bars, whatever its candidate engine;
+`scoreboard verify` checks every record and every receipt's reference to one. The measurement itself is
+scoreboard.calibration_run. No printing here.
 """
 
 from __future__ import annotations
@@ -28,30 +35,28 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .history import ledger
-from .cache import cache_dir as default_cache_dir
-from .errors import InputError, NonCompliant
+from .errors import InputError, LockError, NonCompliant
 from .fields import changes
-from .lockfile import GatePolicy, Lock, Target, atomic_write_text, lock_digest, load_lock
-from .history.receipt import Receipt, utc_now
+from .lockfile import GatePolicy, Lock, Target, atomic_write_text
+from .history.receipt import Receipt
 from .history.seal import canonical_bytes, check_seal, check_signature, load_private_key, make_seal, sha256_hex
+from .instrument import INSTRUMENT, instrument_options, option_problems
 
 CHAIN_NAME = "calibrations.jsonl"
 RECORDS_DIR = "calibrations"
-FORMAT_VERSION = "1.0"
-DEFAULT_SEEDS = 20
-# seeds per candidate worker launch (weights loaded once: start-up dominates on small models; on the H200 a
-# sparkinfer worker spends ~6 s in torch import, CUDA init and the weight load before its first seed): the
-# default 20 seeds in one launch per arm; each seed in a launch gets the target's worker timeout (speed.timeout_s)
-SEEDS_PER_WORKER = 20
+# 1.0: the first records (`candidate`, and a definition naming the candidate engine and its options, which were
+#      always the instrument's); 1.1: `instrument` (the bundled engine that measured, at the harness's commit)
+#      replaces `candidate`, the definition names the instrument instead of a candidate engine, and an optional
+#      `engine` section holds a candidate engine's own faults (`<engine>:<fault>` in `faults`) and noise floor
+#      (`engine_noise_floor` in each run). A 1.0 record stays valid and is compared through comparable_definition.
+FORMAT_VERSION = "1.1"
 PRECISION = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
 # Rounding alone may flip at most this share of the gate's argmaxes, pooled over every seed's rows at each depth:
 # a workload whose top-1 moves under f16 rounding more often is ill-conditioned (routing near-ties), and its
@@ -59,33 +64,36 @@ PRECISION = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
 # already reads 0.969, while 20 seeds x 32 rows resolve a 1% rate.
 NOISE_TOP1_POOLED_MIN = 0.99
 
-Report = Callable[..., None]
-
-
-def _noop(*_a: Any, **_k: Any) -> None:
-    return None
-
-
 # ----------------------------------------------------------------------------------------------
 # what a calibration is about: the target's definition
 
 def definition(lock: Lock, target_id: str) -> dict[str, Any]:
     """Everything that changes what the gate compares or where its bars sit: the gate table, the weights pin,
-    the geometry, the reference pin, the engines, the device and the candidate's options. Speed, tiers,
-    metrics, fit and parallel layout are left out (they do not move the gate's logits)."""
+    the geometry, the reference pin, the reference engine, the device and the instrument that measures the bars
+    (the bundled engine and its options: scoreboard.instrument). Speed, tiers, metrics, fit, the parallel layout
+    and the candidate engine are left out: the bars are the target's, and every candidate relies on them."""
     t = lock.target(target_id)
     dump = t.model_dump(mode="json", by_alias=True)
     w = lock.weights[t.weights]
     ref = lock.references[t.reference]
     return {
         "target": target_id, "model": t.model, "quant": t.quant, "node": t.node, "device": t.device,
-        "reference_engine": t.reference_engine, "candidate_engine": t.candidate_engine,
-        "gate": dump["gate"], "geometry": dump["geometry"],
-        "candidate_options": dump.get("candidate_options") or {},
+        "reference_engine": t.reference_engine, "gate": dump["gate"], "geometry": dump["geometry"],
+        "instrument": {"engine": INSTRUMENT, "options": instrument_options(t)},
         "weights": {"id": t.weights, "repo": w.repo, "revision": w.revision, "spec": w.spec, "seed": w.seed,
                     "quant": w.quant, "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in w.files]},
         "reference": {"id": t.reference, **ref.identity(), "cmake_flags": list(ref.cmake_flags)},
     }
+
+
+def comparable_definition(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's definition in today's shape. A format 1.0 record named the candidate engine and its options: its
+    candidate was then always the instrument (sparkinfer), so they read as the instrument's engine and options."""
+    if "instrument" in recorded or "candidate_engine" not in recorded:
+        return dict(recorded)
+    out = {k: v for k, v in recorded.items() if k not in ("candidate_engine", "candidate_options")}
+    out["instrument"] = {"engine": recorded["candidate_engine"], "options": recorded.get("candidate_options") or {}}
+    return out
 
 
 def definition_sha256(defn: Mapping[str, Any]) -> str:
@@ -113,15 +121,6 @@ def noise_pair(target_id: str, target: Target, candidate_options: Mapping[str, A
     return {"candidate_dtype": own, "other_dtype": other, "precise": precise, "coarse": coarse}
 
 
-def gate_faults(engine: str) -> tuple[str, ...]:
-    """The engine's injected bugs that change the gate's logits (the timed-only ones are the speed stage's)."""
-    if engine == "sparkinfer":
-        from engines.sparkinfer.faults import GATE_FAULTS  # plain names, no torch import
-
-        return tuple(GATE_FAULTS)
-    return ()
-
-
 # ----------------------------------------------------------------------------------------------
 # separation: one pure function over the raw per-seed numbers (the command and `round run` share it)
 
@@ -132,10 +131,11 @@ def _depths(run_arm: list[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     """Per arm and depth over seeds: worst / mean / best KL mean, worst KL p99, worst / mean top-1; and the
     gate's view of each seed (its worst depth), whose best seed is what a fault's separation rests on."""
-    arms: dict[str, list[list[Mapping[str, Any]]]] = {"correct": [], "noise_floor": []}
+    graded = graded_arms(record)
+    arms: dict[str, list[list[Mapping[str, Any]]]] = {arm: [] for arm in graded}
     for run in record["runs"]:
-        arms["correct"].append(run["correct"])
-        arms["noise_floor"].append(run["noise_floor"])
+        for arm in graded:
+            arms[arm].append(run[arm])
         for name, res in run["faults"].items():
             arms.setdefault(f"fault:{name}", []).append(res)
     out: dict[str, Any] = {}
@@ -152,6 +152,30 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
         out[arm] = {"depths": per_depth, "seed_worst_depth_kl_mean": {"worst": max(gate_view), "best": min(gate_view),
                                                                        "mean": float(np.mean(gate_view))}}
     return out
+
+
+NOISE_ARMS = ("noise_floor", "engine_noise_floor")  # rounding alone: the instrument's, a candidate engine's own
+
+
+def graded_arms(record: Mapping[str, Any]) -> list[str]:
+    """The arms every run holds besides its faults: correct, the noise floor, and a candidate engine's own noise
+    floor when the record measured one."""
+    runs = record.get("runs") or [{}]
+    return ["correct", "noise_floor"] + (["engine_noise_floor"] if "engine_noise_floor" in runs[0] else [])
+
+
+def _labels(record: Mapping[str, Any]) -> dict[str, str]:
+    """How each graded arm is named in a problem: by the instrument (1.0 records: their candidate) and engine."""
+    inst = (record.get("instrument") or record.get("candidate") or {}).get("engine", INSTRUMENT)
+    noise = record.get("noise_floor") or {}
+    labels = {"correct": f"correct engine (reference vs {inst})",
+              "noise_floor": f"noise floor ({inst} {noise.get('precise')} vs {noise.get('coarse')})"}
+    if "engine_noise_floor" in graded_arms(record):
+        eng = record.get("engine") or {}
+        pair = eng.get("precisions") or {}
+        labels["engine_noise_floor"] = (f"{eng.get('engine')}'s noise floor ({json.dumps(pair.get('precise'))} vs "
+                                        f"{json.dumps(pair.get('coarse'))})")
+    return labels
 
 
 def pooled_top1(record: Mapping[str, Any], arm: str) -> dict[int, float]:
@@ -175,9 +199,7 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
     problems: list[str] = []
     if not record["runs"]:
         return ["the record holds no seeds"]
-    noise = record.get("noise_floor") or {}
-    labels = {"correct": "correct engine (reference vs candidate)",
-              "noise_floor": f"noise floor (candidate {noise.get('precise')} vs {noise.get('coarse')})"}
+    labels = _labels(record)
     for arm, label in labels.items():
         worst_mean = worst_p99 = worst_top1 = None
         for run in record["runs"]:
@@ -191,10 +213,10 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
                     worst_top1 = (float(d["top1"]), *at)
         # the noise floor (rounding alone) must sit a margin below the bar; the reference against a correct
         # candidate must pass the bar on every seed (on a GPU it carries the reference's own f16 arithmetic)
-        bar = low if arm == "noise_floor" else policy.kl_max
+        bar = low if arm in NOISE_ARMS else policy.kl_max
         if worst_mean and worst_mean[0] > bar:
             v, s, d = worst_mean
-            what = f"kl_max / margin = {policy.kl_max:g} / {m:g} = {low:.3g}" if arm == "noise_floor" \
+            what = f"kl_max / margin = {policy.kl_max:g} / {m:g} = {low:.3g}" if arm in NOISE_ARMS \
                 else f"kl_max {policy.kl_max:g}: a correct engine would be rejected"
             problems.append(f"{label}: KL mean {v:.3g} at depth {d} (seed {s}) > {what} ({v / bar:.3g}x over)")
         if arm == "correct" and worst_p99 and worst_p99[0] > policy.kl_p99_max:
@@ -205,11 +227,12 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
             v, s, d = worst_top1
             problems.append(f"{label}: top-1 {v:.4f} at depth {d} (seed {s}) < top1_min {policy.top1_min:g} "
                             f"({policy.top1_min - v:.4f} short)")
-    for d, t1 in sorted(pooled_top1(record, "noise_floor").items()):
-        if t1 < NOISE_TOP1_POOLED_MIN:
-            problems.append(f"{labels['noise_floor']}: top-1 over all seeds' rows {t1:.4f} at depth {d} < "
-                            f"{NOISE_TOP1_POOLED_MIN:g} ({NOISE_TOP1_POOLED_MIN - t1:.4f} short): rounding alone "
-                            "flips the argmax too often for this workload")
+    for arm in (a for a in NOISE_ARMS if a in labels):
+        for d, t1 in sorted(pooled_top1(record, arm).items()):
+            if t1 < NOISE_TOP1_POOLED_MIN:
+                problems.append(f"{labels[arm]}: top-1 over all seeds' rows {t1:.4f} at depth {d} < "
+                                f"{NOISE_TOP1_POOLED_MIN:g} ({NOISE_TOP1_POOLED_MIN - t1:.4f} short): rounding alone "
+                                "flips the argmax too often for this workload")
     for name in record.get("faults") or []:
         best = None
         for run in record["runs"]:
@@ -230,190 +253,6 @@ def separation_problems(record: Mapping[str, Any], policy: GatePolicy) -> list[s
     if len(set(seeds)) != len(seeds):
         problems.append(f"seeds repeat ({seeds}): each seed must be a separate draw")
     return problems
-
-
-# ----------------------------------------------------------------------------------------------
-# running one
-
-@dataclass
-class CalibrationOptions:
-    target: str
-    lock_path: Path = Path("reference.lock")
-    candidate: str = "main"
-    seeds: int = DEFAULT_SEEDS
-    first_seed: int | None = None  # seeds first_seed .. first_seed + seeds - 1; default: unpredictable seeds
-    rounds_dir: Path = Path("rounds")
-    cache_dir: Path = field(default_factory=default_cache_dir)  # explicit, else $SCOREBOARD_CACHE, else ~/.cache
-    seal: bool = True
-    allow_node_mismatch: bool = False
-    # the operator accepts a reference build whose files differ from the ones the latest sealed round recorded
-    # for its build key (a deliberate rebuild, e.g. on a fresh box); the record's reference identity says so
-    renew_reference_anchor: bool = False
-
-
-@dataclass
-class CalibrationOutcome:
-    record: dict[str, Any]
-    path: Path | None
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def separated(self) -> bool:
-        return not self.problems
-
-
-def _depth_numbers(result: Any) -> list[dict[str, Any]]:
-    return [{"depth": d.depth, "rows": d.rows, "kl_mean": d.kl_mean, "kl_p99": d.kl_p99, "kl_max": d.kl_max,
-             "top1": d.top1} for d in result.depths]
-
-
-def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> CalibrationOutcome:
-    """Measure, summarize, seal and record (unless opts.seal is False). Bad input raises before any engine runs."""
-    from .round import sandbox
-
-    scratch = sandbox.new_scratch_root()  # private to this calibration: the arm's export, every launch's dir
-    try:
-        return _run_calibration(opts, report, scratch)
-    finally:
-        sandbox.remove_tree(scratch)
-
-
-def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) -> CalibrationOutcome:
-    from .round import candidate as cand_mod
-    from .round.run import Round, RoundOptions, Sources, preflight
-    from .round.stages import GateStage
-
-    if opts.seeds < 1:
-        raise InputError(f"--seeds {opts.seeds}: must be at least 1", "20 seeds is the default; 2 is a smoke test")
-    lock = load_lock(opts.lock_path)
-    target = lock.target(opts.target)
-    faults = gate_faults(target.candidate_engine)
-    # a round's seed is unpredictable (secrets.randbits(31)); the calibration samples the same space
-    seeds = ([opts.first_seed + i for i in range(opts.seeds)] if opts.first_seed is not None
-             else secrets.SystemRandom().sample(range(1 << 31), opts.seeds))
-    if opts.seal:  # whatever sealing needs is checked before anything is measured
-        load_private_key(None, _forbidden_roots(opts.rounds_dir))
-        read_chain(opts.rounds_dir)
-        opts.rounds_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(opts.rounds_dir, os.W_OK):
-            raise InputError(f"{opts.rounds_dir}: not writable; the calibration record could not be sealed there",
-                             "pass --out DIR of a writable rounds directory")
-    t_start = time.perf_counter()
-    created = utc_now()
-    stage_seconds: dict[str, float] = {}
-    round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
-                              seal=False, rounds_dir=opts.rounds_dir, cache_dir=opts.cache_dir,
-                              allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False,
-                              renew_reference_anchor=opts.renew_reference_anchor)
-    opts.cache_dir.mkdir(parents=True, exist_ok=True)
-    report("stage", name="candidate")
-    source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
-    rnd = Round(round_opts, lock, report, scratch, Sources(source))
-    report("stage", name="preflight")
-    t0 = time.perf_counter()
-    pre = preflight(rnd)
-    rnd.set_up_arms(pre)
-    stage_seconds["preflight"] = round(time.perf_counter() - t0, 3)
-    cand = rnd.arm("candidate")
-    assert cand is not None
-    gate = GateStage(rnd.ctx, pre, cand, rnd.log)
-    base = pre.targets.candidate
-    noise = noise_pair(opts.target, target, base.options)
-
-    report("stage", name="reference")
-    t0 = time.perf_counter()
-    rows: list[tuple[int, Any, dict[int, list[int]], list[int], tuple[int, ...], np.ndarray]] = []
-    geom = pre.targets.geometry
-    from .engine import LogitsRequest
-    from .worker.protocol import LogitsOp, LogitsRows
-
-    for i, seed in enumerate(seeds):
-        report("progress", task="reference logits", done=i, total=len(seeds), message=f"seed {seed}")
-        prompt = gate.draw(seed)
-        per_depth, positions, ids = gate.rows(prompt)
-        ref = pre.reference.logits(LogitsRequest(ids, tuple(positions), geom))
-        if ref.command:
-            rnd.log.command(ref.command)
-        rows.append((seed, prompt, per_depth, positions, ids, ref.logits))
-    report("progress", task="reference logits", done=len(seeds), total=len(seeds), message="done")
-    stage_seconds["reference"] = round(time.perf_counter() - t0, 3)
-
-    # each arm: (name, extra candidate options); the noise floor's precise side is graded as the "reference"
-    arms: list[tuple[str, dict[str, Any]]] = [("correct", {})]
-    for dt in (noise["precise"], noise["coarse"]):
-        if dt != noise["candidate_dtype"]:
-            arms.append((f"dtype:{dt}", {"dtype": dt}))
-    arms += [(f"fault:{f}", {"faults": [f]}) for f in faults]
-    report("stage", name="candidate workers")
-    t0 = time.perf_counter()
-    logits: dict[str, list[np.ndarray]] = {}
-    identities: dict[str, Any] = {}
-    batches = [list(range(i, min(i + SEEDS_PER_WORKER, len(seeds)))) for i in range(0, len(seeds), SEEDS_PER_WORKER)]
-    total, done = len(arms) * len(batches), 0
-    for name, extra in arms:
-        variant = replace(base, options={**{k: v for k, v in base.options.items() if k != "faults"}, **extra})
-        out: list[np.ndarray] = []
-        for b in batches:
-            report("progress", task="candidate workers", done=done, total=total,
-                   message=f"{name}: seeds {', '.join(str(seeds[i]) for i in b)}")
-            res = cand.worker().call(LogitsOp(requests=tuple(LogitsRows.of(rows[i][4], rows[i][3]) for i in b)),
-                                     target=variant, timeout_s=target.speed.timeout_s * len(b)).result
-            identities.setdefault(name, res.identity)
-            out += [np.load(f.path) for f in res.logits or []]
-            done += 1
-        logits[name] = out
-    report("progress", task="candidate workers", done=total, total=total, message="done")
-    stage_seconds["candidate"] = round(time.perf_counter() - t0, 3)
-
-    own = "correct"
-    precise = own if noise["precise"] == noise["candidate_dtype"] else f"dtype:{noise['precise']}"
-    coarse = own if noise["coarse"] == noise["candidate_dtype"] else f"dtype:{noise['coarse']}"
-    runs = []
-    for i, (seed, prompt, per_depth, positions, _ids, ref) in enumerate(rows):
-        run: dict[str, Any] = {"seed": seed, "prompt": prompt.describe(),
-                               "correct": _depth_numbers(gate.grade(per_depth, positions, ref, logits[own][i])),
-                               "noise_floor": _depth_numbers(gate.grade(per_depth, positions, logits[precise][i],
-                                                                        logits[coarse][i])),
-                               "faults": {f: _depth_numbers(gate.grade(per_depth, positions, ref, logits[f"fault:{f}"][i]))
-                                          for f in faults}}
-        runs.append(run)
-    defn = definition(lock, opts.target)
-    src = source
-    record: dict[str, Any] = {
-        "kind": "calibration", "format_version": FORMAT_VERSION, "calibration_id": new_calibration_id(opts.target, created),
-        "created_at": created, "target": opts.target, "lock_sha256": lock_digest(opts.lock_path),
-        "lock_target": target.model_dump(mode="json", by_alias=True),
-        "definition": defn, "definition_sha256": definition_sha256(defn),
-        "policy": {"margin": target.gate.calibration_margin, "kl_max": target.gate.kl_max,
-                   "kl_p99_max": target.gate.kl_p99_max, "top1_min": target.gate.top1_min,
-                   "depths": list(target.gate.depths), "rows_per_depth": target.gate.rows_per_depth},
-        "seeds": seeds,
-        "candidate": {"engine": target.candidate_engine, "label": src.label, "commit": src.commit, "dirty": src.dirty,
-                      "is_main": src.is_main, "options": dict(base.options), "identity": identities["correct"]},
-        "reference": {"engine": target.reference_engine, "identity": rnd.reference.identity if rnd.reference else {}},
-        "noise_floor": {**noise, "identities": {n: identities[n] for n in identities if n.startswith("dtype:")}},
-        "faults": list(faults),
-        "fault_identities": {f: identities[f"fault:{f}"] for f in faults},
-        "runs": runs,
-        "environment": rnd.environment().model_dump(mode="json", by_alias=True, exclude_unset=True), "commands": rnd.log.commands,
-        "stage_seconds": stage_seconds,
-    }
-    record["summary"] = summary(record)
-    problems = separation_problems(record, target.gate)
-    record["separation"] = {"separated": not problems, "problems": problems}
-    record["stage_seconds"]["total"] = round(time.perf_counter() - t_start, 3)
-    path = None
-    if opts.seal:
-        report("stage", name="seal")
-        try:
-            path = write_record(record, opts.rounds_dir)
-        except Exception as exc:  # what was measured is never lost: the unsealed record is kept and named
-            keep = opts.cache_dir / "calibrations-unsealed" / f"{record['calibration_id']}.json"
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            keep.write_bytes(file_bytes(record))
-            raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
-                             "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
-    return CalibrationOutcome(record, path, problems)
 
 
 def _forbidden_roots(rounds_dir: str | os.PathLike[str]) -> list[Path]:
@@ -446,7 +285,8 @@ class ChainLine(BaseModel):
 
 
 REQUIRED = ("kind", "format_version", "calibration_id", "created_at", "target", "definition", "definition_sha256",
-            "policy", "seeds", "candidate", "reference", "noise_floor", "faults", "runs", "summary", "separation")
+            "policy", "seeds", "instrument", "reference", "noise_floor", "faults", "runs", "summary", "separation")
+REQUIRED_1_0 = tuple("candidate" if k == "instrument" else k for k in REQUIRED)  # 1.0 named its instrument so
 
 
 def chain_path(rounds_dir: str | os.PathLike[str]) -> Path:
@@ -460,7 +300,8 @@ def record_path(rounds_dir: str | os.PathLike[str], calibration_id: str) -> Path
 def record_problems(data: Any) -> list[str]:
     if not isinstance(data, Mapping):
         return ["<root>: a calibration record is a JSON object"]
-    problems = [f"{k}: required key is missing" for k in REQUIRED if k not in data]
+    required = REQUIRED_1_0 if data.get("format_version") == "1.0" else REQUIRED
+    problems = [f"{k}: required key is missing" for k in required if k not in data]
     if data.get("kind") != "calibration":
         problems.append(f"kind: {data.get('kind')!r}, expected 'calibration'")
     if not problems and data["definition_sha256"] != definition_sha256(data["definition"]):
@@ -566,9 +407,18 @@ def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[
         raise InputError(f"target {target_id!r} has no calibration in {chain_path(rounds_dir)}: nothing shows that its "
                          "gate bars separate a correct engine from rounding noise and known faults", hint)
     rec, line = found
+    bad_options = option_problems(target_id, t)
+    if bad_options:
+        raise LockError(bad_options, hint=f"fix instrument_options in the lock; {hint}")
     now = definition(lock, target_id)
-    if definition_sha256(now) != rec["definition_sha256"]:
-        changes = definition_changes(rec["definition"], now)
+    then = comparable_definition(rec["definition"])
+    if definition_sha256(now) != definition_sha256(then):
+        changes = definition_changes(then, now)
+        recorded = (then.get("instrument") or {}).get("options")
+        if t.candidate_engine != INSTRUMENT and any(c.startswith("instrument.options") for c in changes):
+            hint = (f"the instrument measured this target with options {json.dumps(recorded, sort_keys=True)}: set "
+                    f"targets.{target_id}.instrument_options to them to keep this calibration, or {hint[0].lower()}"
+                    f"{hint[1:]}")
         raise InputError(f"target {target_id!r}: its latest calibration {rec['calibration_id']} was made against a "
                          "different definition of the target:\n  " + "\n  ".join(changes[:12]), hint)
     problems = separation_problems(rec, t.gate)

@@ -74,15 +74,16 @@ CONTRACT_VERSION = 3
 # only this module and scoreboard.errors. Besides the contract's own types, this module lends the harness helpers
 # below, so an engine checks, caches and fails the way the harness does. The surface is versioned with the contract:
 # a name leaves it or changes meaning only with a CONTRACT_VERSION bump; adding one is compatible. They are loaded
-# on first use (importing the contract stays cheap and cycle-free); tests/test_engine_surface.py holds engines to it.
+# on first use (importing the contract stays cheap and cycle-free: no module here is in round/, history/ or pins/,
+# and none imports this one); tests/test_engine_surface.py holds engines to it and the table to both rules.
 LENT: dict[str, str] = {
     "cache_dir": "scoreboard.cache",  # the harness's cache rule (explicit, $SCOREBOARD_CACHE, ~/.cache/scoreboard)
     "GitReference": "scoreboard.lockfile",  # the pinned reference source a target carries (EngineTarget.reference)
     "SdistReference": "scoreboard.lockfile",
     "atomic_write_text": "scoreboard.lockfile",  # write-to-temp-then-rename
-    "ls_remote": "scoreboard.pins.git",  # resolve a git ref as the pin audit does
-    "GitUnavailable": "scoreboard.pins.git",  # ... and its "could not ask" (an error, never drift)
-    "compare_scans": "scoreboard.round.evidence",  # a build's files vs recorded hashes, in the harness's wording
+    "ls_remote": "scoreboard.gitref",  # resolve a git ref as the pin audit does
+    "GitUnavailable": "scoreboard.gitref",  # ... and its "could not ask" (an error, never drift)
+    "compare_scans": "scoreboard.scans",  # a build's files vs recorded hashes, in the harness's wording
     "load_k3_config": "scoreboard.models.k3",  # a Kimi K3 GGUF's config, refusing its known traps by name
     "GIB": "scoreboard.fit",  # bytes per GiB
     "fit_budget": "scoreboard.fit",  # the per-rank memory budget of a target
@@ -102,8 +103,8 @@ if TYPE_CHECKING:
     from .fit import GIB, fit_budget, price_weights
     from .lockfile import GitReference, SdistReference, atomic_write_text
     from .models.k3 import load_k3_config
-    from .pins.git import GitUnavailable, ls_remote
-    from .round.evidence import compare_scans
+    from .gitref import GitUnavailable, ls_remote
+    from .scans import compare_scans
 
 
 def __getattr__(name: str) -> Any:
@@ -331,3 +332,30 @@ class Engine(abc.ABC):
 
     def close(self, prepared: Prepared) -> None:
         return None
+
+    # optional: what this engine adds to its target's calibration (below)
+    def calibration(self, device: Literal["cpu", "cuda"]) -> "CalibrationSuite | None":
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# An engine's own additions to a target's calibration (optional). A target's gate bars are calibrated by the
+# harness's bundled instrument (sparkinfer: its injected faults and its two precisions), and every candidate
+# engine relies on that record; an engine that knows silent bugs or precisions of its own returns them from
+# Engine.calibration(device), and `scoreboard gate calibrate` measures them too when the engine is the target's
+# candidate. The harness asks in a fresh interpreter (scoreboard.probe), never in its own process.
+
+@dataclass(frozen=True)
+class CalibrationSuite:
+    """Each entry is a set of the engine's own options, merged over the target's candidate_options for one arm.
+
+    faults: name -> the options that switch on one known silent bug; the bars must reject each with margin
+    (KL mean >= kl_max x margin on its best seed), like the instrument's faults.
+    precisions: (precise, coarse) -> the engine's noise floor, KL(engine at precise || engine at coarse), which must
+    sit a margin below the bar (<= kl_max / margin), like the instrument's; None: no noise floor of its own."""
+
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    precisions: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+
+__all__ += ["CalibrationSuite"]

@@ -18,7 +18,7 @@ import tomlkit
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError, LockError
-from .history.slots import slot_name
+from .slots import slot_name
 
 SCHEMA_MAJOR = 1
 DEFAULT_LOCK = "reference.lock"
@@ -295,8 +295,13 @@ class Target(_Model):
     fit: FitPolicy | None = None
     parallel: ParallelPolicy = Field(default_factory=ParallelPolicy)
     # the candidate engine's options (dtype, CUDA graphs, ...): they change what is measured, so the target pins
-    # them; validated against the engine's typed model (engine_option_problems) and sealed with lock_target
+    # them; sealed with lock_target. Checked against the engine's typed model where engines are loaded (a round's
+    # check_inputs: scoreboard.registry.option_problems), never here: loading the lock loads no engine
     candidate_options: dict[str, Any] = Field(default_factory=dict)
+    # the calibration instrument's options (the bundled sparkinfer, whose faults and precisions calibrate the
+    # gate's bars) when the candidate is another engine; a sparkinfer candidate's own candidate_options are the
+    # instrument's, and this stays empty (scoreboard.instrument)
+    instrument_options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("geometry")
     @classmethod
@@ -532,49 +537,6 @@ def _slot_problems(lock: Lock) -> list[str]:
     return problems
 
 
-def engine_option_problems(engine: str, options: dict[str, Any], path: str, in_lock: bool = True) -> list[str] | None:
-    """Problems of `options` for `engine` through its typed options model, each prefixed with `path`
-    (``targets.<id>.candidate_options``); None when the engine or its model cannot be found here.
-
-    in_lock: only what a target may pin (the engine's LockOptions); else everything the engine reads.
-    """
-    from . import registry
-
-    models = registry.options_models(engine)
-    if models is None:
-        return None
-    lock_model, full_model = models
-    model = lock_model if in_lock else full_model
-    known = ", ".join(model.model_fields) or "none"
-    problems: list[str] = []
-    for name in sorted(options):
-        if in_lock and name in full_model.model_fields and name not in lock_model.model_fields:
-            problems.append(f"{path}.{name}: {engine} reads this option, but only tests and calibration set it "
-                            f"(RoundOptions.candidate_options), never a target: remove it from the lock")
-    if problems:
-        return problems
-    try:
-        model.model_validate(dict(options))
-    except ValidationError as exc:
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            where = f"{path}.{where}" if where else path
-            if err["type"] == "extra_forbidden":
-                problems.append(f"{where}: unknown {engine} option (known: {known}); remove it or check its spelling")
-            else:
-                msg = err["msg"].removeprefix("Value error, ")
-                problems.append(f"{where}: {msg}, got {err.get('input')!r} (engine {engine}; options: {known})")
-    return problems
-
-
-def _option_problems(lock: Lock) -> list[str]:
-    problems: list[str] = []
-    for tid, t in lock.targets.items():
-        problems += engine_option_problems(t.candidate_engine, t.candidate_options,
-                                           f"targets.{tid}.candidate_options") or []
-    return problems
-
-
 def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
     """Parse and validate lock text; raise LockError listing every problem with its path."""
     try:
@@ -595,7 +557,7 @@ def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
         lock = Lock.model_validate(data)
     except ValidationError as exc:
         raise LockError(_pydantic_problems(exc) + names, path) from None
-    problems = names or (_slot_problems(lock) + _option_problems(lock))  # slot names derive from valid targets only
+    problems = names or _slot_problems(lock)  # slot names derive from valid targets only
     if problems:
         raise LockError(problems, path)
     return lock

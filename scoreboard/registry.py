@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,6 +29,28 @@ def _table() -> dict[str, str | Callable[[], Engine]]:
     table: dict[str, str | Callable[[], Engine]] = {ep.name: ep.value for ep in entry_points(group=GROUP)}
     table.update(_injected)
     return table
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One engine the table holds, and who put it there."""
+
+    name: str
+    spec: str  # "module:attr"; "" for an injected factory
+    distribution: str  # the installed distribution whose entry point registers it; "(injected)" for tests
+    version: str
+
+
+def registered() -> list[Registered]:
+    """Every engine in the table, sorted by name: entry points with their distribution, then injected ones."""
+    out: dict[str, Registered] = {}
+    for ep in entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        out[ep.name] = Registered(ep.name, ep.value, dist.metadata["Name"] if dist else "",
+                                  dist.version if dist else "")
+    for name, spec in _injected.items():
+        out[name] = Registered(name, spec if isinstance(spec, str) else "", "(injected)", "")
+    return [out[k] for k in sorted(out)]
 
 
 def available() -> list[str]:
@@ -55,7 +78,7 @@ def options_models(name: str) -> tuple[type[BaseModel], type[BaseModel]] | None:
 
     An engine declares them in the module ``options`` beside its entry point's module (``engines.sparkinfer.options``
     for ``engines.sparkinfer.engine:SparkInferEngine``) as ``LockOptions`` and ``Options``; that module must not
-    import torch or the engine itself, because the lock loader imports it. An engine without such a module accepts
+    import torch or the engine itself, because the harness's own process imports it (a round's input check). An engine without such a module accepts
     no options. Unknown engines and engines that cannot be imported give None (preflight reports them).
     """
     if name in _injected_options:
@@ -82,6 +105,43 @@ def options_models(name: str) -> tuple[type[BaseModel], type[BaseModel]] | None:
         return None
     full_model: type[BaseModel] = getattr(mod, "Options", lock_model)
     return lock_model, full_model
+
+
+def option_problems(engine: str, options: dict[str, Any], path: str, in_lock: bool = True) -> list[str] | None:
+    """Problems of `options` for `engine` through its typed options model, each prefixed with `path`
+    (``targets.<id>.candidate_options``); None when the engine or its model cannot be found here.
+
+    in_lock: only what a target may pin (the engine's LockOptions); else everything the engine reads. The lock's
+    loader never calls this (loading the lock loads no engine): a round checks its own target's options
+    (``scoreboard.round.run.check_inputs``) before anything runs.
+    """
+    from pydantic import ValidationError
+
+    models = options_models(engine)
+    if models is None:
+        return None
+    lock_model, full_model = models
+    model = lock_model if in_lock else full_model
+    known = ", ".join(model.model_fields) or "none"
+    problems: list[str] = []
+    for name in sorted(options):
+        if in_lock and name in full_model.model_fields and name not in lock_model.model_fields:
+            problems.append(f"{path}.{name}: {engine} reads this option, but only tests and calibration set it "
+                            f"(RoundOptions.candidate_options), never a target: remove it from the lock")
+    if problems:
+        return problems
+    try:
+        model.model_validate(dict(options))
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            where = f"{path}.{where}" if where else path
+            if err["type"] == "extra_forbidden":
+                problems.append(f"{where}: unknown {engine} option (known: {known}); remove it or check its spelling")
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{where}: {msg}, got {err.get('input')!r} (engine {engine}; options: {known})")
+    return problems
 
 
 def load(name: str) -> Engine:

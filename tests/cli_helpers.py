@@ -26,3 +26,24 @@ def sigint_default() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def scoreboard_command() -> list[str]:
+    """`scoreboard` as a fresh process of the interpreter running the tests (activated virtual environment or not):
+    `python -m scoreboard`, never whatever `scoreboard` PATH finds first (another install's copy, or none)."""
+    return [sys.executable, "-m", "scoreboard"]
+
+
+def console_script() -> list[str]:
+    """The installed `scoreboard` console script of this interpreter's environment: its scripts directory (a
+    venv's bin/, activated or not), else the user scheme's (a `pip install --user`); `python -m scoreboard` when
+    neither holds one (the package run from a source tree only)."""
+    import os
+    import sysconfig
+    from pathlib import Path
+
+    for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user"):
+        exe = Path(sysconfig.get_path("scripts", scheme)) / "scoreboard"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return [str(exe)]
+    return scoreboard_command()

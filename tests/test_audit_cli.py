@@ -15,6 +15,7 @@ import pytest
 
 from audit_fixtures import (GitRemote, StandinPypi, closed_port, generated_weights_toml, git_ref_toml, pins_of,
                             sdist_ref_toml, shard_bytes, weights_toml, write_lock)
+from cli_helpers import console_script
 from scoreboard.cli import main as cli
 from scoreboard.lockfile import load_lock
 from scoreboard.pins.report import MARKER
@@ -210,7 +211,7 @@ def test_pin_weights_refuses_a_changed_file_set(world, capsys, monkeypatch):
 def test_console_script_exit_codes(world):
     """The installed `scoreboard` executable, in a fresh process, exits 2 on drift and 1 on error."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    cmd = ["scoreboard", "audit-pins", "--all", "--timeout", "2", "--lock", str(world.root / "reference.lock")]
+    cmd = [*console_script(), "audit-pins", "--all", "--timeout", "2", "--lock", str(world.root / "reference.lock")]
     world.hub.put(HUB_REPO, world.hub.rev, f"{Q}/K3-00004-of-00003.gguf", b"more")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scoreboard.cache import CACHE_ENV, cache_dir
-from scoreboard.calibrate import CalibrationOptions
+from scoreboard.calibration_run import CalibrationOptions
 from scoreboard.round.run import RoundOptions
 from scoreboard.weights.verify import default_cache, weights_dir
 

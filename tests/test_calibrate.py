@@ -8,6 +8,7 @@ command on k3-mini-cpu (pinned llama.cpp, sparkinfer in fresh workers) with 2 se
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,10 @@ from engines.sparkinfer.faults import GATE_FAULTS
 from receipt_factory import lock_with_test_target, make_receipt, zero_slots
 from scoreboard.history import frontier
 from scoreboard.calibrate import (
-    CalibrationOptions, chain_path, check_calibration, definition, definition_sha256, latest_calibration,
-    new_calibration_id, record_path, run_calibration, separation_problems, summary, write_record,
+    chain_path, check_calibration, definition, definition_sha256, latest_calibration, new_calibration_id,
+    record_path, separation_problems, summary, write_record,
 )
+from scoreboard.calibration_run import CalibrationOptions, run_calibration
 from scoreboard.errors import InputError, NonCompliant
 from scoreboard.lockfile import load_lock
 from scoreboard.history.receipt import parse_receipt, utc_now
@@ -59,12 +61,12 @@ def synthetic(lock_path: Path, target: str = TARGET, correct: float = 1e-9, nois
                  "top1": top1} for d in t.gate.depths]
 
     created = utc_now()
-    rec = {"kind": "calibration", "format_version": "1.0", "calibration_id": new_calibration_id(target, created),
+    rec = {"kind": "calibration", "format_version": "1.1", "calibration_id": new_calibration_id(target, created),
            "created_at": created, "target": target, "definition": defn, "definition_sha256": definition_sha256(defn),
            "policy": {"margin": t.gate.calibration_margin, "kl_max": t.gate.kl_max, "kl_p99_max": t.gate.kl_p99_max,
                       "top1_min": t.gate.top1_min, "depths": list(t.gate.depths),
                       "rows_per_depth": t.gate.rows_per_depth}, "seeds": list(seeds),
-           "candidate": {"engine": "sparkinfer", "label": "synthetic"}, "reference": {"engine": "llamacpp"},
+           "instrument": {"engine": "sparkinfer", "label": "synthetic"}, "reference": {"engine": "llamacpp"},
            "noise_floor": {"precise": "float64", "coarse": "float32"}, "faults": list(GATE_FAULTS),
            "runs": [{"seed": s, "prompt": {}, "correct": arm(correct, 1.0), "noise_floor": arm(noise, 1.0),
                      "faults": {f: arm((fault_kl or {}).get(f, fault), 0.2) for f in GATE_FAULTS}} for s in seeds]}
@@ -131,7 +133,7 @@ def test_round_refuses_a_calibration_whose_fault_kl_is_below_the_margin(lock, tm
 def test_round_refuses_a_noise_floor_above_the_bar_over_margin(lock, tmp_path):
     write_record(synthetic(lock, noise=1e-4), tmp_path / "rounds")  # kl_max / 20 = 5e-5
     exc = _refusal(lock, tmp_path)
-    assert "noise floor (candidate float64 vs float32): KL mean 0.0001" in exc.message
+    assert "noise floor (sparkinfer float64 vs float32): KL mean 0.0001" in exc.message
     assert "kl_max / margin" in exc.message and "(2x over)" in exc.message
 
 
@@ -169,7 +171,7 @@ def test_the_latest_calibration_counts_not_an_older_good_one(lock, tmp_path):
     write_record(synthetic(lock), rounds)
     write_record(synthetic(lock, correct=2e-3), rounds)  # above kl_max 0.001: a correct engine would fail
     exc = _refusal(lock, tmp_path)
-    assert "correct engine (reference vs candidate): KL mean 0.002" in exc.message
+    assert "correct engine (reference vs sparkinfer): KL mean 0.002" in exc.message
 
 
 def test_a_hand_edited_record_is_refused_and_fails_verify(lock, tmp_path):
@@ -327,3 +329,97 @@ def test_gate_show_reads_the_sealed_record_and_says_whether_round_run_may_rely_o
     assert code == 2 and str(path) in err and "edited after sealing" in err
     code, _, err = run_cli(monkeypatch, capsys, "gate", "show", "nope", "--lock", str(lock), "--rounds", str(rounds))
     assert code == 1 and "unknown target 'nope'" in err
+
+
+# ----------------------------------------------------------------------------------------------
+# calibration is the target's: measured with the instrument, relied on by any candidate engine
+
+def test_a_plugin_candidate_relies_on_the_targets_calibration_made_by_the_instrument(tmp_path):
+    """The committed k3-mini-cpu record (format 1.0: it named sparkinfer as its candidate) holds for a target whose
+    candidate is another engine: the definition is the target's and the instrument's, not the candidate engine's."""
+    from calibration_fixtures import seed_calibration
+    from plugin_fixtures import lock_for_engine
+
+    rounds = seed_calibration(tmp_path / "rounds")
+    lock = load_lock(lock_for_engine(tmp_path / "reference.lock", "someplugin"))
+    ref = check_calibration(lock, TARGET, rounds)
+    assert ref["status"] == "calibrated" and ref["calibration_id"].startswith("cal-20261201T102923Z-k3-mini-cpu")
+    defn = definition(lock, TARGET)
+    assert defn["instrument"] == {"engine": "sparkinfer", "options": {}}
+    assert "candidate_engine" not in defn and "candidate_options" not in defn
+
+
+def test_a_gpu_target_moved_to_a_plugin_keeps_its_calibration_only_with_the_instruments_options(tmp_path):
+    from calibration_fixtures import seed_calibration
+    from plugin_fixtures import lock_for_engine
+
+    rounds = seed_calibration(tmp_path / "rounds")
+    bare = load_lock(lock_for_engine(tmp_path / "a.lock", "someplugin", target="k3-gpu-h200", candidate_options={}))
+    with pytest.raises(InputError) as exc:
+        check_calibration(bare, "k3-gpu-h200", rounds)
+    assert "different definition" in exc.value.message
+    assert 'instrument.options.dtype: "float16" -> (absent)' in exc.value.message, exc.value.message
+    assert ('set targets.k3-gpu-h200.instrument_options to them to keep this calibration' in exc.value.hint and
+            '{"cuda_graph": true, "dtype": "float16"}' in exc.value.hint), exc.value.hint
+    pinned = load_lock(lock_for_engine(tmp_path / "b.lock", "someplugin", target="k3-gpu-h200", candidate_options={},
+                                       instrument_options={"dtype": "float16", "cuda_graph": True}))
+    assert check_calibration(pinned, "k3-gpu-h200", rounds)["status"] == "calibrated"
+
+
+@pytest.mark.parametrize("engine, options, says", [
+    ("sparkinfer", {"dtype": "float64"}, "the candidate engine is the instrument (sparkinfer), whose options are "
+                                         "the target's candidate_options: remove instrument_options"),
+    ("someplugin", {"dtpye": "float16"}, "targets.k3-mini-cpu.instrument_options.dtpye: unknown sparkinfer option"),
+])
+def test_bad_instrument_options_are_lock_errors_naming_the_path(engine, options, says, tmp_path):
+    from calibration_fixtures import seed_calibration
+    from plugin_fixtures import lock_for_engine
+    from scoreboard.errors import LockError
+
+    rounds = seed_calibration(tmp_path / "rounds")
+    path = tmp_path / "reference.lock"
+    if engine == "sparkinfer":
+        doc = tomlkit.parse((REPO / "reference.lock").read_text())
+        doc["targets"][TARGET]["instrument_options"] = options
+        path.write_text(tomlkit.dumps(doc))
+    else:
+        lock_for_engine(path, engine, instrument_options=options)
+    with pytest.raises(LockError, match=re.escape(says)):
+        check_calibration(load_lock(path), TARGET, rounds)
+
+
+def test_an_engines_own_faults_and_noise_floor_are_held_to_the_same_margin(lock):
+    rec = synthetic(lock)
+    rec["engine"] = {"engine": "myplug", "measured": True, "faults": ["weak"],
+                     "precisions": {"precise": {"dtype": "float64"}, "coarse": {"dtype": "float32"}}}
+    rec["faults"] = rec["faults"] + ["myplug:weak"]
+    t = load_lock(lock).target(TARGET)
+    for run in rec["runs"]:
+        run["faults"]["myplug:weak"] = [{**d, "kl_mean": 0.01} for d in run["correct"]]  # < kl_max x 20 = 0.02
+        run["engine_noise_floor"] = [{**d, "kl_mean": 1e-4} for d in run["noise_floor"]]  # > kl_max / 20
+    problems = separation_problems(rec, t.gate)
+    assert any(p.startswith("fault myplug:weak: on its best seed") for p in problems), problems
+    assert any(p.startswith("myplug's noise floor ({\"dtype\": \"float64\"} vs {\"dtype\": \"float32\"}): KL mean 0.0001")
+               for p in problems), problems
+    assert "fault:myplug:weak" in summary(rec) and "engine_noise_floor" in summary(rec)
+
+
+def test_gate_show_names_the_instrument_and_what_the_candidate_engine_added(lock, tmp_path, monkeypatch, capsys):
+    from cli_helpers import run_cli
+
+    rounds = tmp_path / "rounds"
+    rec = synthetic(lock)
+    rec["instrument"] = {"engine": "sparkinfer", "label": "main", "commit": "ab" * 20}
+    rec["engine"] = {"engine": "myplug", "measured": True, "faults": ["f"], "precisions": None,
+                     "source": {"label": "main", "commit": "cd" * 20, "repo": "/src/myplug"}}
+    rec["faults"] = rec["faults"] + ["myplug:f"]
+    for run in rec["runs"]:
+        run["faults"]["myplug:f"] = [{**d, "kl_mean": 1.0} for d in run["correct"]]
+    rec["summary"] = summary(rec)
+    write_record(rec, rounds)
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli(monkeypatch, capsys, "gate", "show", TARGET, "--lock", str(lock), "--rounds", str(rounds))
+    assert code == 0, out
+    assert "instrument sparkinfer main abababababab" in out
+    assert "candidate engine myplug: its own faults and noise floor measured at main cdcdcdcdcdcd of /src/myplug" in out
+    assert "myplug:f" in out

@@ -68,3 +68,86 @@ def test_every_published_name_resolves_and_the_lent_ones_load_lazily():
         assert "no_such_helper" in str(exc)
     else:
         raise AssertionError("an unknown name must be an AttributeError")
+
+
+# ----------------------------------------------------------------------------------------------
+# the contract stands alone: it and the lock loader load nothing of the round, the history or the pin audit
+
+HARNESS_ONLY = ("scoreboard.round", "scoreboard.history", "scoreboard.pins")
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """scoreboard's modules -> the scoreboard modules each imports anywhere in its file (lazy imports inside
+    functions included, TYPE_CHECKING-only ones left out: they never run)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((REPO / "scoreboard").rglob("*.py")):
+        name = _module_of(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING") for n in ast.walk(node)}
+        out: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                out.add(base)
+                out |= {f"{base}.{a.name}" for a in node.names}  # `from . import x` imports module x
+        graph[name] = {m for m in out if m == "scoreboard" or m.startswith("scoreboard.")}
+    known = set(graph)
+    return {k: {m for m in v if m in known} for k, v in graph.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: list[str]) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        for dep in graph.get(m, ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_the_graph_sees_lazy_relative_and_package_imports():
+    graph = import_graph()
+    assert "scoreboard.registry" in graph["scoreboard.round.launch"]  # `from .. import registry`
+    assert "scoreboard.weights.presets" in graph["scoreboard.fit"]  # inside a function
+    assert "scoreboard.round.evidence" not in graph["scoreboard.engine"]  # TYPE_CHECKING only, never run
+
+
+def test_the_contract_and_what_it_lends_reach_no_round_history_or_pins_module_and_never_the_contract_again():
+    graph = import_graph()
+    lent = sorted(set(contract.LENT.values()))
+    reached = reachable(graph, ["scoreboard.engine", *lent])
+    assert not [m for m in reached if m.startswith(HARNESS_ONLY)], sorted(reached)
+    assert "scoreboard.engine" not in reachable(graph, lent)  # no import circle through the contract
+    assert "scoreboard.registry" not in reached  # the contract never loads engines
+
+
+def test_loading_the_lock_or_the_contract_loads_no_engine_and_nothing_of_round_history_or_pins():
+    code = ("import sys; from scoreboard.lockfile import load_lock; load_lock('reference.lock'); "
+            "after_lock = sorted(m for m in sys.modules if m.split('.')[0] in ('scoreboard', 'engines', 'torch')); "
+            "import scoreboard.engine as e; [getattr(e, n) for n in e.LENT]; "
+            "after_lent = sorted(m for m in sys.modules if m.split('.')[0] in ('scoreboard', 'engines', 'torch')); "
+            "import json; print(json.dumps([after_lock, after_lent]))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    after_lock, after_lent = json.loads(p.stdout)
+    for loaded in (after_lock, after_lent):
+        assert not [m for m in loaded if m.startswith(HARNESS_ONLY + ("engines", "torch", "scoreboard.registry"))], loaded
+    assert "scoreboard.engine" not in after_lock  # the loader does not even load the contract

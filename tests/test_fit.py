@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import scoreboard_command
+
 from scoreboard.errors import InputError
 from scoreboard.fit import GIB, KIMI_K3, check_fit, fit_budget
 from scoreboard.lockfile import load_lock
@@ -77,7 +79,7 @@ def test_generated_target_is_priced_from_its_config(lock):
 def test_cli_prints_the_budget_table(lock):
     env = dict(os.environ, COLUMNS="200")
     def run(*args):
-        return subprocess.run(["scoreboard", "fit", FLAGSHIP, "--node-class", *args], cwd=REPO, capture_output=True,
+        return subprocess.run([*scoreboard_command(), "fit", FLAGSHIP, "--node-class", *args], cwd=REPO, capture_output=True,
                               text=True, env=env, timeout=60)
 
     r = run()

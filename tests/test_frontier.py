@@ -167,15 +167,14 @@ def test_interrupted_round_is_reported_and_resumed(env, monkeypatch):
 
 
 def test_cli_frontier_lower_and_show(env):
-    import shutil
     import subprocess
-    import sys
+
+    from cli_helpers import scoreboard_command
 
     lock, rounds = env
     record_round(make_receipt(candidate_tps=50.0, **rid_kwargs(10)), rounds, lock)
     slow = record_round(make_receipt(candidate_tps=44.25, label="none", **rid_kwargs()), rounds, lock)
-    exe = shutil.which("scoreboard")
-    cmd = [exe] if exe else [sys.executable, "-c", "from scoreboard.cli.main import run; run()"]
+    cmd = scoreboard_command()
     base = [*cmd, "frontier", "lower", "--lock", str(lock), "--rounds", str(rounds), "--target", "rcpt-test",
             "--slot", SCORED_SLOT, "--value", "44.25", "--receipt", str(slow.path)]
     out = subprocess.run([*base, "--reason", ""], capture_output=True, text=True)

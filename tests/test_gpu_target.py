@@ -13,7 +13,7 @@ from engines.sparkinfer import options as spark_options
 from receipt_factory import zero_slots
 from scoreboard.errors import EngineError, InputError, LockError
 from scoreboard.lockfile import load_lock, parse_lock
-from scoreboard.round.run import RoundOptions, run_round
+from scoreboard.round.run import RoundOptions, check_inputs, run_round
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,10 +49,12 @@ def test_the_gpu_targets_load_on_a_one_h200_node_class():
                                     r"option, but only tests and calibration set it"),
 ])
 def test_unknown_or_mistyped_candidate_options_are_path_qualified_lock_errors(options, problem):
+    """The lock loads (its loader loads no engine); the round's input check refuses the options by their path."""
     text = (REPO / "reference.lock").read_text().replace(
         'candidate_options = { dtype = "float16", cuda_graph = true }', f"candidate_options = {options}", 1)
+    lock = parse_lock(text)
     with pytest.raises(LockError, match=problem) as exc:
-        parse_lock(text)
+        check_inputs(RoundOptions(target="k3-gpu-h200"), lock)
     assert len(exc.value.problems) == 1
 
 

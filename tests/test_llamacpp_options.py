@@ -13,7 +13,6 @@ from engines.llamacpp.engine import LlamaCppEngine, run_settings
 from scoreboard import registry
 from scoreboard.cache import CACHE_ENV
 from scoreboard.errors import InputError
-from scoreboard.lockfile import engine_option_problems
 
 
 def _target(**options):
@@ -63,13 +62,13 @@ def test_describe_reads_the_cache_dir_option_else_the_harness_rule(monkeypatch, 
 
 
 def test_the_lock_s_option_check_knows_llamacpp_s_models():
-    """The lock loader's check (the one candidate_options go through) uses these models: a target may pin none."""
+    """The check a round puts the lock's candidate_options through uses these models: a target may pin none."""
     assert registry.options_models("llamacpp") == (llama_options.LockOptions, llama_options.Options)
     where = "targets.t.candidate_options"
-    assert engine_option_problems("llamacpp", {}, where) == []
-    assert engine_option_problems("llamacpp", {"bogus": 1}, where) == [
+    assert registry.option_problems("llamacpp", {}, where) == []
+    assert registry.option_problems("llamacpp", {"bogus": 1}, where) == [
         f"{where}.bogus: unknown llamacpp option (known: none); remove it or check its spelling"]
-    assert engine_option_problems("llamacpp", {"split_mode": "row"}, where)[0].startswith(
+    assert registry.option_problems("llamacpp", {"split_mode": "row"}, where)[0].startswith(
         f"{where}.split_mode: llamacpp reads this option, but only")
-    assert engine_option_problems("llamacpp", {"split_mode": "rows"}, where, in_lock=False)[0].startswith(
+    assert registry.option_problems("llamacpp", {"split_mode": "rows"}, where, in_lock=False)[0].startswith(
         f"{where}.split_mode: ")

@@ -103,18 +103,19 @@ def test_too_little_free_space_is_named_with_the_amount(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the probe left nothing
 
 
-def _blocking_user_site(tmp_path: Path, module: str) -> Path:
-    base = tmp_path / "userbase"
-    site = subprocess.run([sys.executable, "-c", "import site; print(site.getusersitepackages())"],
-                          env={**os.environ, "PYTHONUSERBASE": str(base)}, capture_output=True, text=True).stdout.strip()
-    Path(site).mkdir(parents=True)
-    (Path(site) / "zz-block.pth").write_text(f"import sys; sys.modules[{module!r}] = None\n")
-    return base
-
-
 def test_a_worker_environment_that_cannot_import_a_dependency_is_refused(lock, tmp_path, monkeypatch):
-    # the worker's interpreter reads a user site the parent never read: tomlkit is missing there only
-    monkeypatch.setenv("PYTHONUSERBASE", str(_blocking_user_site(tmp_path, "tomlkit")))
+    # the worker's interpreter (here a wrapper around this one, as a container's or another environment's python
+    # would be) cannot import tomlkit, which this process already imported: a directory first on its path holds a
+    # tomlkit that refuses to load. Neither a user site (a virtual environment never reads one) nor this process's
+    # own path is involved, so it holds in the system Python and in a venv, activated or not
+    blocked = tmp_path / "blocked"
+    (blocked / "tomlkit").mkdir(parents=True)
+    (blocked / "tomlkit" / "__init__.py").write_text("raise ModuleNotFoundError('import of tomlkit halted here')\n")
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{blocked}:$PYTHONPATH" exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))  # the interpreter the round starts its workers with
     with pytest.raises(InputError, match=r"the main \(harness\) worker cannot import scoreboard.worker.serve in its own "
                                          r"environment: ModuleNotFoundError: import of tomlkit halted") as exc:
         run_round(_opts(lock, tmp_path))

@@ -163,12 +163,21 @@ def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monke
     assert seen["scoreboard"] == "/sb/harness/scoreboard/__init__.py"
     assert seen["engine"] == "/sb/arm/engines/sparkinfer/engine.py"
     assert seen["cache_dir"] == "/sb/cache"
+    # LC_CTYPE: Python's own C-locale coercion (PEP 538) sets it in its environment when no LANG reaches it
     assert set(seen["env"]) <= {"PATH", "HOME", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
-                                "PYTHONNOUSERSITE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PWD",
+                                "PYTHONNOUSERSITE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PWD", "LC_CTYPE",
                                 *sandbox.PASS_ENV}
     assert "SCOREBOARD_SIGNING_KEY" not in seen["env"] and "HF_TOKEN" not in seen["env"]
     assert "hosts" in seen["etc"] and "shadow" not in seen["etc"]
-    assert "work" not in seen["root"] and "home" not in seen["root"]
+    # at the root: bwrap's skeleton and the top directory of each bind, nothing else. A checkout's or a home's
+    # top directory shows only as the parent of a bound interpreter (a virtual environment under /home or /work
+    # binds its own prefix there), and the checkout itself is never bound (only its scoreboard/ package, elsewhere)
+    binds = [(Path(b["src"]), Path(b["dest"])) for b in res.isolation["binds"]]
+    skeleton = {"usr", "bin", "lib", "lib64", "sbin", "etc", "proc", "dev", "tmp", "sb"}
+    assert set(seen["root"]) <= skeleton | {dest.parts[1] for _, dest in binds}, seen["root"]
+    interpreter = {d.parts[1] for d in sandbox.python_dirs()}
+    assert [top for top in ("work", "home") if top in seen["root"] and top not in interpreter] == []
+    assert not [src for src, _ in binds if src == HARNESS_ROOT or src in HARNESS_ROOT.parents]
     assert res.isolation["tool"] == "bwrap"
     assert "bwrap" not in res.command[0]  # the receipt's command is the worker's own
     assert not (default_cache() / "x").exists()

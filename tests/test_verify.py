@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import scoreboard_command
 from receipt_factory import SCORED_SLOT, lock_with_test_target, make_receipt
 
 from scoreboard.history import ledger
@@ -20,9 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def scoreboard(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    exe = shutil.which("scoreboard")
-    cmd = [exe] if exe else [sys.executable, "-c", "from scoreboard.cli.main import run; run()"]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([*scoreboard_command(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def verify_json(d: Path, *extra: str) -> tuple[int, dict]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import scoreboard_command
+
 from scoreboard.errors import InputError, PinError
 from scoreboard.lockfile import load_lock, parse_lock
 from scoreboard.weights.verify import check_weights, ensure_generated, hash_files, verify_weights, weights_dir
@@ -100,7 +102,7 @@ def test_ensure_generated_refuses_hub_weights_and_unknown_ids(lock, tmp_path):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run(["scoreboard", *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([*scoreboard_command(), *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_cli_verify_ok_then_refuses_a_corrupted_shard(cache, tmp_path):

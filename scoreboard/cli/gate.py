@@ -22,7 +22,11 @@ def calibrate_cmd(
     seeds: int = typer.Option(20, "--seeds", help="seeds (prompts) to measure; each as a round with that seed"),
     first_seed: Optional[int] = typer.Option(None, "--first-seed",
                                              help="seeds FIRST..FIRST+N-1 (default: unpredictable, recorded)"),
-    candidate: str = typer.Option("main", "--candidate", help="main | <git rev> | <path to a checkout>"),
+    candidate: str = typer.Option("main", "--candidate",
+                                  help="the instrument's commit of this repository: main | <git rev> | <path>"),
+    engine_repo: Path = typer.Option(None, "--engine-repo",
+                                     help="the candidate engine's own repository (a plugin): its faults and "
+                                          "precisions (Engine.calibration) are measured from its main"),
     lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
     out: Path = typer.Option(Path("rounds"), "--out",
                              help="rounds directory: the record goes to OUT/calibrations/, its line to "
@@ -34,12 +38,13 @@ def calibrate_cmd(
         help="accept a reference build whose files differ from those sealed for its build key (a deliberate "
              "rebuild, e.g. the first use of a fresh GPU box: nvcc's output is not byte-reproducible); recorded"),
 ) -> None:
-    """Reference vs candidate, the noise floor (two precisions) and the fault suite on N seeds, against the bars."""
-    from ..calibrate import CalibrationOptions, run_calibration
+    """Reference vs the instrument, its noise floor (two precisions) and its fault suite on N seeds, against the
+    bars; plus the candidate engine's own faults and precisions when it declares them."""
+    from ..calibration_run import CalibrationOptions, run_calibration
 
     opts = CalibrationOptions(target=target, lock_path=lock, candidate=candidate, seeds=seeds, first_seed=first_seed,
                               rounds_dir=out, cache_dir=_cache_dir(), seal=seal,
-                              renew_reference_anchor=renew_reference_anchor)
+                              renew_reference_anchor=renew_reference_anchor, engine_repo=engine_repo)
     reporter = RichReporter()
     try:
         outcome = run_calibration(opts, reporter)
@@ -62,9 +67,14 @@ def render(rec: dict[str, Any]) -> None:
     from .. import calibrate
     pol, noise = rec["policy"], rec["noise_floor"]
     m = pol["margin"]
+    who = rec.get("instrument") or rec["candidate"]  # format 1.0 named its instrument `candidate`
     console.print(f"[bold]calibration[/] {rec['calibration_id']}  target [bold]{rec['target']}[/]  "
-                  f"{len(rec['seeds'])} seed(s)  candidate {rec['candidate'].get('label', '?')} "
-                  f"{str(rec['candidate'].get('commit', ''))[:12]}  ({rec.get('stage_seconds', {}).get('total', 0):.0f} s)", highlight=False)
+                  f"{len(rec['seeds'])} seed(s)  instrument {who.get('engine', '?')} {who.get('label', '?')} "
+                  f"{str(who.get('commit', ''))[:12]}  ({rec.get('stage_seconds', {}).get('total', 0):.0f} s)",
+                  highlight=False)
+    engine = rec.get("engine")
+    if engine:
+        console.print(_engine_line(engine), highlight=False)
     console.print(f"bars: KL mean <= {pol['kl_max']:g}, p99 <= {pol['kl_p99_max']:g}, top-1 >= {pol['top1_min']:g}; "
                   f"margin {m:g}: noise floor <= {pol['kl_max'] / m:.3g} and correct within the bars on every seed, "
                   f"each fault >= {pol['kl_max'] * m:.3g} on every seed", highlight=False)
@@ -73,7 +83,8 @@ def render(rec: dict[str, Any]) -> None:
     t.add_column("arm", overflow="fold")
     for col in ("depth", "mean: worst", "mean: avg", "p99: worst", "top-1: worst"):
         t.add_column(col, justify="right")
-    names = {"correct": "correct", "noise_floor": f"noise {noise['precise']}/{noise['coarse']}"}
+    names = {"correct": "correct", "noise_floor": f"noise {noise['precise']}/{noise['coarse']}",
+             "engine_noise_floor": f"{(engine or {}).get('engine')} noise"}
     summ = calibrate.summary(rec)  # recomputed from the seeds' numbers (records before top1_best lack it)
     order = sorted(summ, key=lambda a: (a.startswith("fault:"), a != "correct", a))
     for arm in order:
@@ -94,6 +105,16 @@ def render(rec: dict[str, Any]) -> None:
         console.print(f"[bold red]not separated[/] with margin {m:g}; `round run --target {rec['target']}` will refuse:")
         for p in sep["problems"]:
             console.print(f"  - {p}", highlight=False)
+
+
+def _engine_line(engine: dict[str, Any]) -> str:
+    """What the record says of the candidate engine's own faults and precisions."""
+    if not engine.get("measured"):
+        return f"candidate engine {engine['engine']}: {engine.get('note', '')}"
+    src = engine.get("source") or {}
+    where = f" of {src['repo']}" if src.get("repo") else ""
+    return (f"candidate engine {engine['engine']}: its own faults and noise floor measured at "
+            f"{src.get('label', '?')} {str(src.get('commit', ''))[:12]}{where}")
 
 
 @app.command("show")

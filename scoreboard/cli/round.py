@@ -108,6 +108,9 @@ class RichReporter:
 def run_cmd(
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-t", help="target id in reference.lock"),
     candidate: str = typer.Option("main", "--candidate", help="main | <git rev> | <path to a checkout>"),
+    engine_repo: Path = typer.Option(None, "--engine-repo",
+                                     help="the candidate engine's own git repository (a plugin): --candidate and "
+                                          "every arm are its commits, main is its main branch"),
     seed: int = typer.Option(None, "--seed", help="round seed (prompt, schedule, bootstrap); default unpredictable"),
     blocks: int = typer.Option(None, "--blocks", help="interleaved blocks (default: the target's speed policy)"),
     reps: int = typer.Option(None, "--reps", help="timed reps per arm per block (default: policy)"),
@@ -130,7 +133,8 @@ def run_cmd(
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
-                        renew_reference_anchor=renew_reference_anchor, reference_source=reference_source)
+                        renew_reference_anchor=renew_reference_anchor, reference_source=reference_source,
+                        engine_repo=engine_repo)
     from ..drift import reference_drift
     from ..history.receipt import parse_receipt
     from ..lockfile import load_lock

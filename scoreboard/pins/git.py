@@ -15,49 +15,13 @@ from pathlib import Path
 import git
 
 from ..cache import cache_dir
+from ..gitref import GIT_ENV, GitUnavailable, git_error, ls_remote
 from ..lockfile import GitReference
 from . import Finding, short
 
-# Never prompt for credentials (a deleted GitHub repo asks for a username); answers must be fast.
-_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GCM_INTERACTIVE": "never"}
+__all__ = ["GitUnavailable", "check_git_reference", "fetch_history", "ls_remote"]
+
 FETCH_TIMEOUT_FACTOR = 10  # a history fetch may take this many times the per-request timeout
-
-
-class GitUnavailable(Exception):
-    """The remote could not be asked (unreachable, timeout, auth): an error, never drift."""
-
-
-def _why(exc: git.GitCommandError) -> str:
-    text = (exc.stderr or str(exc)).strip().replace("stderr: ", "").strip("'\" \n")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else f"git exited with status {exc.status}"
-
-
-def _candidates(ref: str) -> list[str]:
-    """Full ref names `ref` may denote, in git's own disambiguation order."""
-    return [ref] if ref.startswith("refs/") else [f"refs/{ref}", f"refs/tags/{ref}", f"refs/heads/{ref}"]
-
-
-def ls_remote(url: str, ref: str, timeout: float) -> str | None:
-    """The commit `ref` resolves to on the remote, or None when the remote has no such ref."""
-    try:
-        # `ref^{}` too: an annotated tag is listed peeled only when the pattern asks for it
-        out = git.cmd.Git().ls_remote(url, ref, ref + "^{}", kill_after_timeout=timeout, env=_GIT_ENV)
-    except git.GitCommandError as exc:
-        raise GitUnavailable(f"`git ls-remote {url} {ref}` failed: {_why(exc)}") from exc
-    found: dict[str, str] = {}
-    for line in str(out).splitlines():
-        sha, _, name = line.partition("\t")
-        if name.endswith("^{}"):
-            found[name[:-3] + "^{}"] = sha  # peeled annotated tag: the commit it points at
-        else:
-            found[name] = sha
-    for name in _candidates(ref):
-        if name + "^{}" in found:
-            return found[name + "^{}"]
-        if name in found:
-            return found[name]
-    return None
 
 
 def _local_ref(ref: str) -> str:
@@ -71,11 +35,11 @@ def fetch_history(url: str, ref: str, cache: Path, timeout: float) -> tuple[str,
         repo = git.Repo(path) if (path / "HEAD").is_file() else git.Repo.init(path, bare=True, mkdir=True)
         local = _local_ref(ref)
         repo.git.fetch("--no-tags", "--force", "--quiet", "--filter=tree:0", url, f"+{ref}:{local}",
-                       kill_after_timeout=timeout * FETCH_TIMEOUT_FACTOR, env=_GIT_ENV)
+                       kill_after_timeout=timeout * FETCH_TIMEOUT_FACTOR, env=GIT_ENV)
         head = repo.git.rev_parse(f"{local}^{{commit}}").strip()
         history = set(repo.git.rev_list(head).split())
     except git.GitCommandError as exc:
-        raise GitUnavailable(f"`git fetch {url} {ref}` failed: {_why(exc)}") from exc
+        raise GitUnavailable(f"`git fetch {url} {ref}` failed: {git_error(exc)}") from exc
     return head, history
 
 

@@ -17,6 +17,7 @@ from .. import environment
 from ..engine import Engine, LogitsRequest, Prepared, Workload
 from ..errors import EngineError, InputError
 from ..fields import changes
+from . import armcode
 from .candidate import CandidateSource, import_root
 from .clock import SessionPlan, run_session
 from .context import RoundContext, RoundLog
@@ -71,6 +72,11 @@ class WorkerClient:
     # the identity the arm's first launch of its own target reported (the gate's, for the candidate): every later
     # launch must report the same, so the code that was timed is the code that was judged
     first: dict[str, Any] = field(default_factory=dict)
+    engine: str = ""  # the engine its workers run ("": the target's candidate engine)
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine or self.ctx.target.candidate_engine
 
     def root(self) -> Path:
         """The directory whose `engines` the worker imports (a git arm's export is re-verified each launch)."""
@@ -83,9 +89,12 @@ class WorkerClient:
         """One fresh worker (`target`: the arm's, unless a calibration asks for a variant of it: another
         precision, an injected fault, several prompts in one launch)."""
         ctx = self.ctx
-        res = run_worker(ctx.target.candidate_engine, root or self.root(), target or self.target, ctx.cache_dir, op,
+        own = harness_engine is None  # the arm's engine, from the arm's code (not the harness's null engine)
+        res = run_worker(self.engine_name, root or self.root(), target or self.target, ctx.cache_dir, op,
                          timeout_s or ctx.target.speed.timeout_s, workdir=ctx.scratch, env=ctx.device_env(),
-                         session=session, isolation=ctx.isolation, harness_engine=harness_engine)
+                         session=session, isolation=ctx.isolation, harness_engine=harness_engine,
+                         entry_point=armcode.entry_point(self.engine_name, self.source) if own else None,
+                         import_paths=armcode.import_paths(self.source) if own else ())
         if self.log.binds is None and res.isolation and res.isolation.get("binds"):
             from .sandbox import receipt_binds
 
@@ -106,7 +115,7 @@ class WorkerClient:
             return
         if identity != self.first:
             diff = changes(self.first, identity)
-            raise EngineError(f"the {self.ctx.target.candidate_engine} engine reported another identity in a later launch "
+            raise EngineError(f"the {self.engine_name} engine reported another identity in a later launch "
                               f"than in its first: {'; '.join(diff[:6])}. What was timed would not be what was judged",
                               "make the engine choose its code path the same way in every launch, then run the round again")
 

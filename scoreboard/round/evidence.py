@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NonCompliant, PinError
+from ..scans import compare_scans
 
 GOOD = ("first-use", "matched", "renewed")  # anchor statuses a later round may compare with
 
@@ -31,25 +32,6 @@ class Anchor:
     round_id: str
     files: dict[str, str]
     links: dict[str, str] | None  # None: a receipt from before links were recorded (files only)
-
-
-def compare_scans(found: dict[str, dict[str, str]], want_files: dict[str, str], want_links: dict[str, str],
-                  against: str = "the manifest") -> list[str]:
-    """Every difference between a fresh scan and recorded hashes, one problem per file, naming it."""
-    files, links = found["files"], found["links"]
-    where = "" if against == "the manifest" else f" ({against})"
-    problems = []
-    for name, sha in sorted(want_files.items()):
-        if name not in files:
-            problems.append(f"{name}: missing{where}")
-        elif files[name] != sha:
-            problems.append(f"{name}: sha256 {files[name]} != recorded {sha}{where}")
-    problems += [f"{name}: not recorded in {against}" for name in sorted(set(files) - set(want_files))]
-    for name, target in sorted(want_links.items()):
-        if links.get(name) != target:
-            problems.append(f"{name}: link -> {links.get(name)!r}, recorded -> {target!r}{where}")
-    problems += [f"{name}: link not recorded in {against}" for name in sorted(set(links) - set(want_links))]
-    return problems
 
 
 def verified_receipts_newest_first(rounds_dir: Path):

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .. import registry
 from ..engine import EngineTarget
@@ -63,25 +63,28 @@ def worker_command(world: int, request: Path, result: Path) -> list[str]:
 
 
 def sandboxed(import_root: Path, target: EngineTarget, cache_dir: Path, scratch: Path, cmd: list[str],
-              env: dict[str, str] | None, isolation: str) -> sandbox.Launch:
+              env: dict[str, str] | None, isolation: str, import_paths: Sequence[Path] = ()) -> sandbox.Launch:
     """The launch of `cmd` for this arm: inside bwrap (only the arm's engines/, the harness's scoreboard/
-    package, the weight shards and `scratch` reachable), or as a plain subprocess for isolation "none"."""
+    package, the weight shards, a plugin arm's exported package (`import_paths`, read-only at their own paths)
+    and `scratch` reachable), or as a plain subprocess for isolation "none"."""
     shards = [Path(target.model_path), *map(Path, target.shard_paths)]
     return sandbox.launch(cmd, mode=isolation, engines_dir=Path(import_root) / "engines",
                           harness_pkg=HARNESS_ROOT / "scoreboard", scratch=scratch,
-                          read_only=[p for p in shards if p.exists()], device=target.device, env=env,
+                          read_only=[*(p for p in shards if p.exists()), *import_paths], device=target.device, env=env,
                           fallback_env=worker_env(import_root, env), fallback_cache=cache_dir)
 
 
 def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
                timeout_s: float, workdir: Path | None = None, env: dict[str, str] | None = None,
                session: Callable[[ParentChannel], Any] | None = None, isolation: str = "bwrap",
-               harness_engine: HarnessEngine = None) -> WorkerRun:
+               harness_engine: HarnessEngine = None, entry_point: str | None = None,
+               import_paths: Sequence[Path] = ()) -> WorkerRun:
     """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
 
     `engine` is resolved here, through the registry, to the entry point the worker imports (`harness_engine`
-    "null": the harness's own null engine instead). A result that is not this harness's protocol is an
-    EngineError, like a worker that crashed.
+    "null": the harness's own null engine instead), unless `entry_point` names it (a plugin arm's, read from its
+    own commit), with `import_paths` first on the worker's import path. A result that is not this harness's
+    protocol is an EngineError, like a worker that crashed.
 
     The launch runs sandboxed (sandbox.launch; `isolation="none"` opts out) in a private directory inside
     `workdir` (the round's scratch root, which its owner removes), or, without a workdir, in a private root
@@ -100,22 +103,25 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
         root = Path(workdir)
     try:
         return _run_worker(engine, import_root, target, cache_dir, op, timeout_s,
-                           sandbox.new_launch_dir(root), env, isolation, session, harness_engine)
+                           sandbox.new_launch_dir(root), env, isolation, session, harness_engine, entry_point,
+                           tuple(import_paths))
     finally:
         sandbox.remove_tree(own_root)
 
 
 def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
                 timeout_s: float, tmp: Path, env: dict[str, str] | None, isolation: str,
-                session: Callable[[ParentChannel], Any] | None, harness_engine: HarnessEngine) -> WorkerRun:
-    entry = None if harness_engine else registry.entry_point(engine)
+                session: Callable[[ParentChannel], Any] | None, harness_engine: HarnessEngine,
+                entry_point: str | None = None, import_paths: tuple[Path, ...] = ()) -> WorkerRun:
+    entry = None if harness_engine else (entry_point or registry.entry_point(engine))
     res = tmp / "result.json"
     if session is not None:
         make_fifos(tmp)
     cmd = worker_command(target.ranks, tmp / "request.json", res)
-    box = sandboxed(import_root, target, cache_dir, tmp, cmd, env, isolation)
+    box = sandboxed(import_root, target, cache_dir, tmp, cmd, env, isolation, import_paths)
     req = WorkerRequest(engine=engine, entry_point=entry, harness_engine=harness_engine, target=WireTarget.of(target),
-                        cache_dir=box.cache_dir, timeout_s=timeout_s, op=op)
+                        cache_dir=box.cache_dir, timeout_s=timeout_s, op=op,
+                        import_paths=() if harness_engine else tuple(map(str, import_paths)))
     (tmp / "request.json").write_text(encode(req))
     name = f"{engine} worker ({op.kind}{_world(target)})"
     log = tmp / "worker.log"

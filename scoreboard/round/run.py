@@ -26,6 +26,7 @@ from ..history.receipt import (FORMAT_VERSION, Aborted, CalibrationRef, Environm
                                ReferenceSide, Retry, Side, SpeedRec, Verdict, WeightsRec, new_round_id, parse_receipt,
                                utc_now, validation_messages)
 from ..lockfile import Lock, Target, lock_digest, load_lock
+from . import armcode
 from . import candidate as cand_mod
 from . import ready, sandbox
 from .arms import Arm, worker_arm
@@ -74,6 +75,9 @@ class RoundOptions:
     # sandbox; never read from the environment (a candidate could set that); its receipts move no frontier
     isolation: str = "bwrap"
     repo: Path = cand_mod.HARNESS_ROOT  # the git repository whose commits are main and the candidates
+    # an engine repository of its own (--engine-repo): the candidate engine is a plugin whose arms are commits of
+    # that repository (main: its main branch), not of `repo`
+    engine_repo: Path | None = None
 
 
 class UnsealedReceipt(ScoreboardError):
@@ -252,12 +256,12 @@ class Round:
 def candidate_options(target: Target, opts: RoundOptions, target_id: str) -> dict[str, Any]:
     """The candidate engine's options: the lock's, with RoundOptions.candidate_options (tests, calibration)
     over them key by key; checked against the engine's typed options model before any engine runs."""
+    from .. import registry
     from ..errors import LockError
-    from ..lockfile import engine_option_problems
 
     merged = {**target.candidate_options, **opts.candidate_options}
-    problems = engine_option_problems(target.candidate_engine, merged, f"targets.{target_id}.candidate_options",
-                                      in_lock=False)
+    problems = registry.option_problems(target.candidate_engine, merged, f"targets.{target_id}.candidate_options",
+                                        in_lock=False)
     if problems is None:
         raise InputError(f"targets.{target_id}.candidate_engine: engine {target.candidate_engine!r} or its typed "
                          "options could not be loaded", "`scoreboard engines` lists the installed engines")
@@ -285,28 +289,45 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
         sandbox.remove_tree(scratch)
 
 
+def origin(opts: RoundOptions, target: Target) -> cand_mod.Origin:
+    """The repository the round's candidate-side arms are commits of."""
+    if opts.engine_repo is None:
+        return cand_mod.Origin(opts.repo)
+    return cand_mod.Origin(cand_mod.plugin_repo(opts.engine_repo), target.candidate_engine)
+
+
 def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scratch: Path) -> RoundOutcome:
     branch = lock.main_branch
-    # Resolving the arms reads only the user's spec and the harness's own git repo: a typo here (a commit
-    # or branch that does not exist, a directory that is no checkout, main off the main branch) is an input
-    # error, never an observation about the box, so it is refused before any receipt exists. Every git arm
-    # is a clean export of its commit into this round's private scratch.
-    src = cand_mod.resolve(opts.candidate, scratch, opts.repo, branch)
-    main_src = None if src.is_main else cand_mod.resolve_main_arm(scratch, opts.repo, branch)
+    # Resolving the arms reads only the user's spec and the git repository they are commits of (the harness's,
+    # or --engine-repo's): a typo here (a commit or branch that does not exist, a directory that is no checkout,
+    # main off the main branch, an engine the commit's pyproject.toml does not declare) is an input error, never
+    # an observation about the box, so it is refused before any receipt exists. Every git arm is a clean export
+    # of its commit into this round's private scratch.
+    where = origin(opts, lock.target(opts.target))
+    src = where.resolve(opts.candidate, scratch, branch)
+    main_src = None if src.is_main else where.main_arm(scratch, branch)
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
-    frontier_src, frontier_note = _frontier_source(history, opts, scratch) if src.is_main else (None, None)
+    frontier_src, frontier_note = _frontier_source(history, where, scratch) if src.is_main else (None, None)
     rnd = Round(opts, lock, report, scratch, Sources(src, main_src, frontier_src), history)
     rnd.calibration = CalibrationRef.model_validate(calibration)
     rnd.provenance["ready"] = ready_record
     if frontier_note:
         rnd.provenance["frontier_arm"] = frontier_note
-    # the harness's own worker must start in its own environment: an environment problem, nothing written
+    if where.plugin:
+        rnd.provenance["engine_repo"] = armcode.repo_record(where, rnd.sources.named())
+    # the harness's own worker, and main's engine, must start in the worker's own environment: an environment
+    # problem (or a broken installed entry point), nothing written
     report("step", message="worker imports in the worker's own environment")
-    ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(main_src or src, opts.cache_dir),
-                               rnd.ctx.device_env(), "main (harness)")
+    harness_side = main_src or src
+    if harness_side.plugin is None:  # a plugin arm's engine is not the installed copy: armcode.check imports it
+        ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(harness_side, opts.cache_dir),
+                                   rnd.ctx.device_env(), "main (harness)")
+    report("step", message="the candidate engine's entry point in a fresh interpreter")
+    armcode.check(rnd.target.candidate_engine, harness_side, opts.cache_dir, rnd.ctx.device_env(), "main (harness)",
+                  isolation=opts.isolation, scratch=scratch, target_device=rnd.target.device)
     try:
         rnd.set_up_arms(rnd.stage("preflight", lambda: _preflight(rnd)))
         assert rnd.pre is not None
@@ -326,13 +347,15 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
 
 
 def check_inputs(opts: RoundOptions, lock: Lock) -> None:
-    """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1).
+    """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1): the
+    target's engines and, through their typed options models, what the lock pins for the candidate.
 
     Only facts that need no measurement belong here: the options, the target's names and engines, the
     generated weights' file list, whether the weights can seal at all. What needs the box (hashing
     shards, the node class, building the reference, running an engine) is observed by the round.
     """
     from .. import registry
+    from ..errors import LockError
 
     t = lock.target(opts.target)
     if opts.seed is not None and not 0 <= opts.seed < 2 ** 63:
@@ -354,6 +377,17 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
             raise InputError(f"targets.{opts.target}.{field_name}: unknown engine {engine!r} (registered: "
                              f"{', '.join(known) or 'none'})", f"fix {field_name} in {opts.lock_path}, or install "
                              "the engine's package (`scoreboard engines` lists what is registered)")
+    installed = armcode.installed_elsewhere(t.candidate_engine) if opts.engine_repo is None else None
+    if installed:
+        raise InputError(f"targets.{opts.target}.candidate_engine: engine {t.candidate_engine!r} is installed "
+                         f"({installed}), not part of this repository's engines/: every arm of a round of this "
+                         "repository's commits would run that one installed copy",
+                         f"compare the plugin's own commits: `scoreboard round run --target {opts.target} --engine-repo "
+                         "<the plugin's git checkout> --candidate main|<commit>`")
+    lock_options = registry.option_problems(t.candidate_engine, t.candidate_options,
+                                            f"targets.{opts.target}.candidate_options")
+    if lock_options:  # what the lock pins, by the engine's LockOptions (the loader loads no engine to check it)
+        raise LockError(lock_options, str(opts.lock_path))
     w = lock.weights[t.weights]
     if w.repo == "generated":
         from ..weights.generate import shard_names
@@ -372,11 +406,16 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
 
 
 def _preflight(rnd: Round) -> Preflight:
-    """A PR candidate's own worker imports first (its failure is the candidate's, recorded), then preflight."""
+    """A PR candidate's own worker imports and entry point first (its failure is the candidate's, recorded), then
+    preflight."""
     src = rnd.sources.candidate
     if not src.is_main:
-        ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(src, rnd.opts.cache_dir),
-                                   rnd.ctx.device_env(), f"candidate ({src.label})", candidate=True)
+        who = f"candidate ({src.label})"
+        if src.plugin is None:
+            ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(src, rnd.opts.cache_dir),
+                                       rnd.ctx.device_env(), who, candidate=True)
+        armcode.check(rnd.target.candidate_engine, src, rnd.opts.cache_dir, rnd.ctx.device_env(), who, candidate=True,
+                      isolation=rnd.ctx.isolation, scratch=rnd.ctx.scratch, target_device=rnd.target.device)
     return preflight(rnd)
 
 
@@ -419,7 +458,7 @@ def _speed(rnd: Round, gate: GateStage) -> None:
     rnd.speed = stage.check(rnd.speed)
 
 
-def _frontier_source(history: History, opts: RoundOptions,
+def _frontier_source(history: History, where: cand_mod.Origin,
                      scratch: Path) -> tuple[cand_mod.CandidateSource | None, str | None]:
     """A main round re-measures the commit that set the scored frontier, as the arm "frontier", so its
     gain is a same-round ratio (None when there is no frontier yet: the round is a BASELINE), with the
@@ -430,24 +469,24 @@ def _frontier_source(history: History, opts: RoundOptions,
     from ..engine import CONTRACT_VERSION
 
     try:
-        version = cand_mod.contract_version(fs.commit, opts.repo)
+        version = where.contract_version(fs.commit, CONTRACT_VERSION)
     except InputError as exc:
-        raise _frontier_missing(fs, exc) from None
+        raise _frontier_missing(fs, exc, where.repo) from None
     if version != CONTRACT_VERSION:
         # its engine cannot run under this harness's worker: the verdict falls back to the pinned slot, and
         # the receipt says why (the next main round re-measures a frontier this round sets)
         return None, (f"not measured: the frontier's commit {fs.commit[:12]} speaks engine contract {version}, "
                       f"this harness {CONTRACT_VERSION}; the verdict is against the pinned slot {fs.slot}")
     try:
-        return cand_mod.export(fs.commit, "frontier", True, scratch, opts.repo), None
+        return where.export(fs.commit, "frontier", True, scratch), None
     except InputError as exc:
-        raise _frontier_missing(fs, exc) from None
+        raise _frontier_missing(fs, exc, where.repo) from None
 
 
-def _frontier_missing(fs: Any, exc: InputError) -> InputError:
+def _frontier_missing(fs: Any, exc: InputError, repo: Path) -> InputError:
     return InputError(
         f"the frontier's commit {fs.commit} (slot {fs.slot}, sealed by round {fs.round_id}) cannot be checked "
-        f"out from {cand_mod.HARNESS_ROOT}: {exc.message}",
+        f"out from {repo}: {exc.message}",
         f"fetch it (`git fetch origin {fs.commit}`, or `git fetch --unshallow` in a shallow clone); if main's "
         "history was rewritten and the commit is gone, lower the frontier deliberately with "
         "`scoreboard frontier lower` from a sealed receipt of today's main")

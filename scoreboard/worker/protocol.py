@@ -8,7 +8,7 @@ one, is an error naming the field (the parent reports a malformed result like a 
 
 Shape (PROTOCOL "scoreboard-worker/1"):
 
-  WorkerRequest  {protocol, engine, entry_point, harness_engine, target, cache_dir, timeout_s, op}
+  WorkerRequest  {protocol, engine, entry_point, harness_engine, import_paths, target, cache_dir, timeout_s, op}
     op: one of TimedOp {kind "timed", workloads, reps}, LogitsOp {kind "logits", requests},
         CheckedOp {kind "checked", checked}, GateOp {kind "gate", requests, checked}
   WorkerResult   {protocol, ok, rank, pid, at_ns} + on success {identity, engine_module, engine_file, ranks,
@@ -21,7 +21,8 @@ theirs, and pydantic is already imported by the worker. Torch-free: the sandboxe
 before any engine.
 
 History: 1 — the first versioned pipe (before it: unversioned dicts, same content); 2 — a workload carries
-its decode reveal length; a checked run returns each variant's per-id log-probs and its step's logits rows.
+its decode reveal length; a checked run returns each variant's per-id log-probs and its step's logits rows; the
+request's optional ``import_paths`` (a plugin arm's package, put first on the worker's sys.path).
 """
 
 from __future__ import annotations
@@ -183,6 +184,9 @@ class WorkerRequest(_Wire):
     # for a harness engine
     entry_point: str | None
     harness_engine: HarnessEngine = None  # the harness's own null engine (no entry point resolves to it)
+    # directories the worker puts first on its import path before it imports the entry point: a plugin arm's
+    # exported package parent (its own repository's commit), so that it wins over any installed copy
+    import_paths: tuple[str, ...] = ()
     target: WireTarget
     cache_dir: str
     timeout_s: float

@@ -43,6 +43,7 @@ def _engine(req: WorkerRequest):
 
         return NullEngine()
     assert req.entry_point is not None  # the request's own validation: one of the two is set
+    sys.path[:0] = list(req.import_paths)  # a plugin arm's export, ahead of PYTHONPATH and any installed copy
     return registry.load_entry_point(req.engine, req.entry_point)
 
 

@@ -1,0 +1,321 @@
+"""Measuring one calibration (`scoreboard gate calibrate TARGET`): the instrument's arms, and a candidate engine's own.
+
+What a record means, how it is separated, sealed, chained and checked is scoreboard.calibrate; the instrument and
+an engine's additions are scoreboard.instrument. This module runs the arms through the round's own code
+(preflight, GateStage rows and grading, fresh sandboxed workers) and assembles the record. No printing here:
+progress goes through `report`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import instrument as inst
+from .cache import cache_dir as default_cache_dir
+from .calibrate import (FORMAT_VERSION, _forbidden_roots, definition, definition_sha256, file_bytes,
+                        new_calibration_id, noise_pair, read_chain, separation_problems, summary, write_record)
+from .errors import InputError
+from .history.receipt import utc_now
+from .history.seal import load_private_key
+from .lockfile import Target, lock_digest, load_lock
+
+DEFAULT_SEEDS = 20
+# seeds per worker launch (weights loaded once: start-up dominates on small models; on the H200 a sparkinfer
+# worker spends ~6 s in torch import, CUDA init and the weight load before its first seed): the default 20 seeds
+# in one launch per arm; each seed in a launch gets the target's worker timeout (speed.timeout_s)
+SEEDS_PER_WORKER = 20
+
+Report = Callable[..., None]
+
+
+def _noop(*_a: Any, **_k: Any) -> None:
+    return None
+
+
+@dataclass
+class CalibrationOptions:
+    target: str
+    lock_path: Path = Path("reference.lock")
+    candidate: str = "main"  # the instrument's commit of this harness's repository (main | <rev> | <path>)
+    seeds: int = DEFAULT_SEEDS
+    first_seed: int | None = None  # seeds first_seed .. first_seed + seeds - 1; default: unpredictable seeds
+    rounds_dir: Path = Path("rounds")
+    cache_dir: Path = field(default_factory=default_cache_dir)  # explicit, else $SCOREBOARD_CACHE, else ~/.cache
+    seal: bool = True
+    allow_node_mismatch: bool = False
+    # the operator accepts a reference build whose files differ from the ones the latest sealed round recorded
+    # for its build key (a deliberate rebuild, e.g. on a fresh box); the record's reference identity says so
+    renew_reference_anchor: bool = False
+    # the candidate engine's own repository (a plugin): its faults and precisions are measured from its main
+    engine_repo: Path | None = None
+
+
+@dataclass
+class CalibrationOutcome:
+    record: dict[str, Any]
+    path: Path | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def separated(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class SeedRows:
+    """One seed's gate rows, as a round with that seed draws them, and the reference's logits for them."""
+
+    seed: int
+    prompt: Any  # the gate's Prompt
+    per_depth: dict[int, list[int]]
+    positions: list[int]
+    ids: tuple[int, ...]
+    reference: np.ndarray  # float32 [len(positions), vocab]
+
+
+def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> CalibrationOutcome:
+    """Measure, summarize, seal and record (unless opts.seal is False). Bad input raises before any engine runs."""
+    from .round import sandbox
+
+    scratch = sandbox.new_scratch_root()  # private to this calibration: the arms' exports, every launch's dir
+    try:
+        return _run(opts, report, scratch)
+    finally:
+        sandbox.remove_tree(scratch)
+
+
+def _seeds(opts: CalibrationOptions) -> list[int]:
+    """first_seed.., else unpredictable: a round's seed is secrets.randbits(31), the calibration samples that space."""
+    if opts.seeds < 1:
+        raise InputError(f"--seeds {opts.seeds}: must be at least 1", "20 seeds is the default; 2 is a smoke test")
+    if opts.first_seed is not None:
+        return [opts.first_seed + i for i in range(opts.seeds)]
+    return secrets.SystemRandom().sample(range(1 << 31), opts.seeds)
+
+
+def _check_sealable(opts: CalibrationOptions) -> None:
+    """Whatever sealing needs, before anything is measured."""
+    load_private_key(None, _forbidden_roots(opts.rounds_dir))
+    read_chain(opts.rounds_dir)
+    opts.rounds_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(opts.rounds_dir, os.W_OK):
+        raise InputError(f"{opts.rounds_dir}: not writable; the calibration record could not be sealed there",
+                         "pass --out DIR of a writable rounds directory")
+
+
+def _engine_suite(opts: CalibrationOptions, target: Target, scratch: Path, main_branch: str,
+                  instrument_src: Any) -> inst.EngineSuite | None:
+    """The candidate engine's own additions (None when the candidate is the instrument), its hook asked in a fresh
+    interpreter and every arm's options checked: all before anything runs."""
+    from .round import armcode
+
+    engine = target.candidate_engine
+    if engine == inst.INSTRUMENT:
+        if opts.engine_repo is not None:
+            raise InputError(f"--engine-repo {opts.engine_repo}: target {opts.target}'s candidate is the instrument "
+                             f"({inst.INSTRUMENT}), which this repository holds", "omit --engine-repo")
+        return None
+    source, note = inst.engine_source(engine, opts.engine_repo, scratch, main_branch, instrument_src)
+    if source is None:
+        return inst.EngineSuite(engine, None, None, note)
+    check = armcode.check(engine, source, opts.cache_dir, None, "calibration", device=target.device,
+                          isolation="bwrap", scratch=scratch, target_device=target.device)
+    if check is None:  # no sandbox here: preflight refuses the calibration before anything is measured
+        return inst.EngineSuite(engine, source, None, "not measured: the sandbox cannot start on this machine")
+    if check.calibration is None:
+        return inst.EngineSuite(engine, source, None, "the engine declares no faults or precisions of its own "
+                                                      "(Engine.calibration returns None)")
+    arms = inst.suite_arms(engine, check.calibration)
+    inst.check_suite_options(engine, opts.target, target.candidate_options, arms)
+    return inst.EngineSuite(engine, source, check.calibration, arms=arms)
+
+
+def _run(opts: CalibrationOptions, report: Report, scratch: Path) -> CalibrationOutcome:
+    from .round import candidate as cand_mod
+    from .round.arms import WorkerClient
+    from .round.run import Round, RoundOptions, Sources, preflight
+    from .round.stages import GateStage
+
+    seeds = _seeds(opts)
+    lock = load_lock(opts.lock_path)
+    target = lock.target(opts.target)
+    view = inst.instrument_view(lock, opts.target)  # the target as the instrument's workers run it
+    if opts.seal:
+        _check_sealable(opts)
+    t_start, created = time.perf_counter(), utc_now()
+    stage_seconds: dict[str, float] = {}
+    round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
+                              seal=False, rounds_dir=opts.rounds_dir, cache_dir=opts.cache_dir,
+                              allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False,
+                              renew_reference_anchor=opts.renew_reference_anchor)
+    opts.cache_dir.mkdir(parents=True, exist_ok=True)
+    report("stage", name="instrument")
+    source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
+    suite = _engine_suite(opts, target, scratch, lock.main_branch, source)
+    rnd = Round(round_opts, view, report, scratch, Sources(source))
+    report("stage", name="preflight")
+    t0 = time.perf_counter()
+    pre = preflight(rnd)
+    rnd.set_up_arms(pre)
+    stage_seconds["preflight"] = round(time.perf_counter() - t0, 3)
+    cand = rnd.arm("candidate")
+    assert cand is not None
+    gate = GateStage(rnd.ctx, pre, cand, rnd.log)
+    base = pre.targets.candidate
+    noise = noise_pair(opts.target, view.target(opts.target), base.options)
+
+    report("stage", name="reference")
+    t0 = time.perf_counter()
+    rows = _reference_rows(gate, pre, rnd, seeds, report)
+    stage_seconds["reference"] = round(time.perf_counter() - t0, 3)
+
+    report("stage", name="candidate workers")
+    t0 = time.perf_counter()
+    inst_arms = _instrument_arms(noise)
+    logits, identities = _measure(cand.worker(), base, inst_arms, rows, target, report)
+    if suite is not None and suite.arms:
+        engine_client = WorkerClient(rnd.ctx, rnd.log, suite.source, base, engine=suite.engine)
+        engine_base = replace(base, options=dict(target.candidate_options))
+        got, ids = _measure(engine_client, engine_base, suite.arms, rows, target, report)
+        logits |= got
+        identities |= {f"engine:{k}": v for k, v in ids.items()}
+    stage_seconds["candidate"] = round(time.perf_counter() - t0, 3)
+
+    runs = [_grade(gate, r, i, logits, noise, suite) for i, r in enumerate(rows)]
+    record = _record(opts, lock, target, created, seeds, source, rnd, base, noise, suite, identities, runs,
+                     stage_seconds)
+    problems = separation_problems(record, target.gate)
+    record["separation"] = {"separated": not problems, "problems": problems}
+    record["stage_seconds"]["total"] = round(time.perf_counter() - t_start, 3)
+    return CalibrationOutcome(record, _seal(opts, record, report), problems)
+
+
+def _reference_rows(gate: Any, pre: Any, rnd: Any, seeds: list[int], report: Report) -> list[SeedRows]:
+    from .engine import LogitsRequest
+
+    rows = []
+    for i, seed in enumerate(seeds):
+        report("progress", task="reference logits", done=i, total=len(seeds), message=f"seed {seed}")
+        prompt = gate.draw(seed)
+        per_depth, positions, ids = gate.rows(prompt)
+        ref = pre.reference.logits(LogitsRequest(ids, tuple(positions), pre.targets.geometry))
+        if ref.command:
+            rnd.log.command(ref.command)
+        rows.append(SeedRows(seed, prompt, per_depth, positions, ids, ref.logits))
+    report("progress", task="reference logits", done=len(seeds), total=len(seeds), message="done")
+    return rows
+
+
+def _instrument_arms(noise: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    """(arm name, extra options) of the instrument: as it is, its other precision, every fault."""
+    arms: list[tuple[str, dict[str, Any]]] = [("correct", {})]
+    arms += [(f"dtype:{dt}", {"dtype": dt}) for dt in (noise["precise"], noise["coarse"])
+             if dt != noise["candidate_dtype"]]
+    return arms + [(f"fault:{f}", {"faults": [f]}) for f in inst.instrument_faults()]
+
+
+def _measure(client: Any, base: Any, arms: list[tuple[str, dict[str, Any]]], rows: list[SeedRows], target: Target,
+             report: Report) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+    """Every arm's logits for every seed (SEEDS_PER_WORKER seeds per fresh worker) and its identity."""
+    from .worker.protocol import LogitsOp, LogitsRows
+
+    batches = [list(range(i, min(i + SEEDS_PER_WORKER, len(rows)))) for i in range(0, len(rows), SEEDS_PER_WORKER)]
+    total, done = len(arms) * len(batches), 0
+    logits: dict[str, list[np.ndarray]] = {}
+    identities: dict[str, Any] = {}
+    for name, extra in arms:
+        variant = replace(base, options={**{k: v for k, v in base.options.items() if k != "faults"}, **extra})
+        out: list[np.ndarray] = []
+        for b in batches:
+            report("progress", task="candidate workers", done=done, total=total,
+                   message=f"{client.engine_name} {name}: seeds {', '.join(str(rows[i].seed) for i in b)}")
+            res = client.call(LogitsOp(requests=tuple(LogitsRows.of(rows[i].ids, rows[i].positions) for i in b)),
+                              target=variant, timeout_s=target.speed.timeout_s * len(b)).result
+            identities.setdefault(name, res.identity)
+            out += [np.load(f.path) for f in res.logits or []]
+            done += 1
+        logits[name] = out
+    report("progress", task="candidate workers", done=total, total=total, message=f"{client.engine_name} done")
+    return logits, identities
+
+
+def _depth_numbers(result: Any) -> list[dict[str, Any]]:
+    return [{"depth": d.depth, "rows": d.rows, "kl_mean": d.kl_mean, "kl_p99": d.kl_p99, "kl_max": d.kl_max,
+             "top1": d.top1} for d in result.depths]
+
+
+def _grade(gate: Any, r: SeedRows, i: int, logits: dict[str, list[np.ndarray]], noise: dict[str, str],
+           suite: inst.EngineSuite | None) -> dict[str, Any]:
+    """One seed's numbers per arm: the correct instrument and every fault against the reference; each noise floor
+    with its precise side graded as the "reference"."""
+    def grade(p: np.ndarray, q: np.ndarray) -> list[dict[str, Any]]:
+        return _depth_numbers(gate.grade(r.per_depth, r.positions, p, q))
+
+    own = "correct"
+    precise = own if noise["precise"] == noise["candidate_dtype"] else f"dtype:{noise['precise']}"
+    coarse = own if noise["coarse"] == noise["candidate_dtype"] else f"dtype:{noise['coarse']}"
+    faults = {name.removeprefix("fault:"): grade(r.reference, arm[i]) for name, arm in logits.items()
+              if name.startswith("fault:")}
+    run: dict[str, Any] = {"seed": r.seed, "prompt": r.prompt.describe(), "correct": grade(r.reference, logits[own][i]),
+                           "noise_floor": grade(logits[precise][i], logits[coarse][i]), "faults": faults}
+    if suite is not None and suite.suite is not None and suite.suite.precisions is not None:
+        run["engine_noise_floor"] = grade(logits["engine_precise"][i], logits["engine_coarse"][i])
+    return run
+
+
+def _record(opts: CalibrationOptions, lock: Any, target: Target, created: str, seeds: list[int], source: Any,
+            rnd: Any, base: Any, noise: dict[str, str], suite: inst.EngineSuite | None, identities: dict[str, Any],
+            runs: list[dict[str, Any]], stage_seconds: dict[str, float]) -> dict[str, Any]:
+    defn = definition(lock, opts.target)
+    faults = list(inst.instrument_faults())
+    if suite is not None and suite.suite is not None:
+        faults += [inst.fault_arm(suite.engine, n) for n in sorted(suite.suite.faults)]
+    record: dict[str, Any] = {
+        "kind": "calibration", "format_version": FORMAT_VERSION,
+        "calibration_id": new_calibration_id(opts.target, created), "created_at": created, "target": opts.target,
+        "lock_sha256": lock_digest(opts.lock_path), "lock_target": target.model_dump(mode="json", by_alias=True),
+        "definition": defn, "definition_sha256": definition_sha256(defn),
+        "policy": {"margin": target.gate.calibration_margin, "kl_max": target.gate.kl_max,
+                   "kl_p99_max": target.gate.kl_p99_max, "top1_min": target.gate.top1_min,
+                   "depths": list(target.gate.depths), "rows_per_depth": target.gate.rows_per_depth},
+        "seeds": seeds,
+        # what measured: the bundled instrument at a commit of this harness's repository (never a candidate's)
+        "instrument": {"engine": inst.INSTRUMENT, "label": source.label, "commit": source.commit,
+                       "dirty": source.dirty, "is_main": source.is_main, "options": dict(base.options),
+                       "identity": identities["correct"]},
+        "reference": {"engine": target.reference_engine, "identity": rnd.reference.identity if rnd.reference else {}},
+        "noise_floor": {**noise, "identities": {n: identities[n] for n in identities if n.startswith("dtype:")}},
+        "faults": faults,
+        "fault_identities": {f: identities.get(f"fault:{f}") or identities.get(f"engine:fault:{f}") for f in faults},
+        "runs": runs,
+        "environment": rnd.environment().model_dump(mode="json", by_alias=True, exclude_unset=True),
+        "commands": rnd.log.commands, "stage_seconds": stage_seconds,
+    }
+    if suite is not None:
+        record["engine"] = {**suite.record(), "identities": {k.removeprefix("engine:"): v for k, v in
+                                                            identities.items() if k.startswith("engine:")}}
+    record["summary"] = summary(record)
+    return record
+
+
+def _seal(opts: CalibrationOptions, record: dict[str, Any], report: Report) -> Path | None:
+    """The record sealed into the chain (None when opts.seal is False); what was measured is never lost to a
+    failing seal: the unsealed record is kept and named."""
+    if not opts.seal:
+        return None
+    report("stage", name="seal")
+    try:
+        return write_record(record, opts.rounds_dir)
+    except Exception as exc:
+        keep = opts.cache_dir / "calibrations-unsealed" / f"{record['calibration_id']}.json"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_bytes(file_bytes(record))
+        raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
+                         "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
