@@ -590,9 +590,12 @@ def skipped(reason: str) -> dict[str, Any]:
 # verify
 
 def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
-                    receipts: Mapping[str, Receipt] | None = None) -> tuple[int, list[tuple[str, str, str]]]:
+                    receipts: Mapping[str, Receipt] | None = None,
+                    judge: Callable[[Path, dict[str, Any], str], bool] | None = None,
+                    ) -> tuple[int, list[tuple[str, str, str]]]:
     """(records checked, problems as (file, field, message)): the chain, every record's bytes, seal and
-    signature, orphan records, and every receipt's reference to a calibration."""
+    signature, orphan records, and every receipt's reference to a calibration. `judge(path, record, "calibration")`
+    is asked who sealed each record whose seal holds (it reports an untrusted one itself: `verify._Ctx.judge`)."""
     rounds = Path(rounds_dir)
     cp = chain_path(rounds)
     problems: list[tuple[str, str, str]] = []
@@ -616,7 +619,10 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
             problems.append((str(path), "<file>", f"not JSON ({exc})"))
             continue
         problems += [(str(path), *_split(p)) for p in record_problems(data)]
-        problems += [(str(path), f, m) for f, m in check_seal(data) + check_signature(data, trusted)]
+        sealed = [(str(path), f, m) for f, m in check_seal(data) + check_signature(data, trusted)]
+        problems += sealed
+        if not sealed and isinstance(data, dict) and judge is not None:
+            judge(path, data, "calibration")
         if sha256_hex(raw_rec) != line.record_sha256:
             problems.append((f"{cp}:{n}", "record_sha256", f"{path} bytes changed since the line was written"))
         if isinstance(data, Mapping):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import NonCompliant
@@ -27,12 +28,14 @@ def command(
     else:
         console.print(f"checked {report.receipts} receipt(s), {report.ledger_lines} ledger line(s), "
                       f"{report.slots_checked} slot(s) in {report.lock}, {report.calibrations} calibration(s); "
-                      f"signatures: {report.signatures}",
+                      f"signatures: {escape(report.signatures)}",
                       highlight=False)
+        for note in report.notes:
+            console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
         if report.problems:
             table = Table("file", "field", "problem", title="verify: problems found", show_lines=False)
             for p in report.problems:
-                table.add_row(p.file, p.field, p.message)
+                table.add_row(escape(p.file), escape(p.field), escape(p.message))
             console.print(table)
         else:
             console.print("[green]ok[/]: history is intact and every slot is backed")

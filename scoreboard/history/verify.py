@@ -1,6 +1,7 @@
-"""`scoreboard verify` logic: every receipt's seal (and signature), the ledger chain, every slot in
-reference.lock backed by the ledger and a sealed receipt with the same value, and the calibration chain
-with its sealed records. Reports, never prints."""
+"""`scoreboard verify` logic: every receipt's seal and who sealed it (a key pinned in the lock, or listed as
+sealed before the signer pin: `trust`), the ledger chain, every slot in reference.lock backed by the ledger and
+a trusted sealed receipt with the same value, and the calibration chain with its sealed records. Reports, never
+prints."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..lockfile import Lock, load_lock
 from .receipt import Receipt, scored_metric, validation_problems
 from .records import receipt_files
 from .seal import check_seal, check_signature, load_public_key, sha256_hex
+from .trust import PRE_PIN, Trust
 
 
 @dataclass
@@ -37,8 +39,11 @@ class Report:
     ledger_lines: int = 0
     slots_checked: int = 0
     calibrations: int = 0
-    signatures: str = "embedded keys only (pass --public-key to require a trusted signer)"
+    signatures: str = ""
+    signed: dict[str, int] = field(default_factory=dict)  # pinned signer id -> records it sealed
+    pre_pin: list[str] = field(default_factory=list)  # ids of records trusted as sealed before the signer pin
     problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # facts that are no finding (pre-pin records, superseded raises)
 
     @property
     def ok(self) -> bool:
@@ -54,14 +59,27 @@ class _Rec:
     data: dict[str, Any]  # the JSON as read (what its seal is over)
     receipt: Receipt  # the same, parsed
     file_sha: str
+    trusted: bool = False  # its seal holds and a pinned key (or the pre-pin list) vouches for it
 
 
 class _Ctx:
-    def __init__(self, report: Report):
+    def __init__(self, report: Report, trust: Trust):
         self.report = report
+        self.trust = trust
 
     def add(self, file: Path | str, fld: str, message: str) -> None:
         self.report.problems.append(Problem(str(file), fld, message))
+
+    def judge(self, path: Path, data: dict[str, Any], kind: str) -> bool:
+        """Whether a record whose seal holds is trusted; an untrusted one is a finding, a pre-pin one a note."""
+        st = self.trust.standing(data, "round" if kind == "round" else "calibration")
+        if st.state == "signed":
+            self.report.signed[st.signer] = self.report.signed.get(st.signer, 0) + 1
+        elif st.state == "pre-pin":
+            self.report.pre_pin.append(path.stem)
+        else:
+            self.add(path, "seal", f"UNTRUSTED: {st.why}")
+        return st.trusted
 
 
 def _split(p: str) -> tuple[str, str]:
@@ -86,9 +104,11 @@ def _check_receipts(ctx: _Ctx, rounds: Path, trusted: Any) -> dict[str, _Rec]:
         receipt = Receipt.model_validate(data)
         if path.stem != receipt.round_id:
             ctx.add(path, "round_id", f"{receipt.round_id!r} does not match the file name (renamed?)")
-        for fld, msg in check_seal(data) + check_signature(data, trusted):
+        seal = check_seal(data) + check_signature(data, trusted)
+        for fld, msg in seal:
             ctx.add(path, fld, msg)
-        recs[receipt.round_id] = _Rec(path, data, receipt, sha256_hex(raw))
+        ok = not seal and ctx.judge(path, data, "round")
+        recs[receipt.round_id] = _Rec(path, data, receipt, sha256_hex(raw), ok)
     ctx.report.receipts = len(recs)
     return recs
 
@@ -165,6 +185,9 @@ def _check_ledger(ctx: _Ctx, rounds: Path, recs: dict[str, _Rec]) -> list[tuple[
         if rec is None:
             ctx.add(where, "round_id", f"{rounds / (e.round_id + '.json')} is missing or invalid (deleted?)")
             continue
+        if not rec.trusted:
+            ctx.add(where, "round_id", f"backed by {rec.path}, which no pinned key vouches for (see its finding): a "
+                                       "ledger line is only as trusted as the receipt it names")
         _line_vs_receipt(ctx, where, e, rec)
         _changes_backed(ctx, where, e, rec)
     for rid, rec in recs.items():
@@ -205,6 +228,9 @@ def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: 
         rec = recs.get(e.round_id)
         if rec is None:
             continue  # reported with the ledger
+        if not rec.trusted and value:
+            ctx.add(lock_path, f"{f}.value", f"{value} was set by round {e.round_id}, whose receipt {rec.path} no "
+                                             "pinned key vouches for")
         want = {"round": e.round_id, "commit": c.commit, "reps": c.reps, "measured_at": rec.receipt.created_at,
                 "unit": "tok/s", "kind": c.kind}
         for k, v in want.items():
@@ -213,13 +239,25 @@ def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: 
 
 
 def _check_calibrations(ctx: _Ctx, rounds: Path, trusted: Any, recs: dict[str, _Rec]) -> None:
-    """The calibration chain, every sealed record, and every receipt's reference to one."""
+    """The calibration chain, every sealed record and who sealed it, and every receipt's reference to one."""
     from ..calibrate import verify_problems
 
-    n, problems = verify_problems(rounds, trusted, {rid: rec.receipt for rid, rec in recs.items()})
+    n, problems = verify_problems(rounds, trusted, {rid: rec.receipt for rid, rec in recs.items()}, ctx.judge)
     ctx.report.calibrations = n
     for file, fld, msg in problems:
         ctx.add(file, fld, msg)
+
+
+def _describe_trust(report: Report, trust: Trust) -> None:
+    """The report's one line on signers, and a note per record trusted only as sealed before the pin."""
+    pinned = ", ".join(sorted(trust.signers)) or "none"
+    signed = ", ".join(f"{n} by {sid}" for sid, n in sorted(report.signed.items())) or "none"
+    report.signatures = (f"signers pinned in {trust.source}: {pinned}; records signed by them: {signed}; "
+                         f"{len(report.pre_pin)} {PRE_PIN}")
+    if trust.problem:
+        report.signatures = f"no pinned signers could be read: {trust.problem}"
+    for rid in report.pre_pin:
+        report.notes.append(f"{rid}: {PRE_PIN} (listed by id and seal in {trust.source} [sealed_before_pin])")
 
 
 def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str | os.PathLike[str] = "rounds",
@@ -227,19 +265,24 @@ def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str
     """Check everything; return a Report (the CLI turns problems into exit 2)."""
     lock_path, rounds = Path(lock_path), Path(rounds_dir)
     report = Report(lock=str(lock_path), rounds=str(rounds))
-    ctx = _Ctx(report)
     trusted = load_public_key(public_key) if public_key else None
-    if trusted is not None:
-        report.signatures = f"every receipt must be signed by {public_key}"
     lock: Lock | None = None
+    problems: list[str] = []
     try:
         lock = load_lock(lock_path)
     except LockError as exc:
-        for p in exc.problems:
-            ctx.add(lock_path, *_split(p))
+        problems = exc.problems
+    trust = Trust.of(lock, lock_path) if lock is not None else Trust.unreadable(f"{lock_path} does not load",
+                                                                                  str(lock_path))
+    ctx = _Ctx(report, trust)
+    for p in problems:
+        ctx.add(lock_path, *_split(p))
     recs = _check_receipts(ctx, rounds, trusted)
     entries = _check_ledger(ctx, rounds, recs)
     _check_calibrations(ctx, rounds, trusted, recs)
     if lock is not None:
         _check_slots(ctx, lock_path, rounds, lock, entries, recs)
+    _describe_trust(report, trust)
+    if trusted is not None:
+        report.signatures += f"; every record must also be signed by {public_key}"
     return report
