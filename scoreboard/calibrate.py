@@ -292,7 +292,9 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
     seeds = ([opts.first_seed + i for i in range(opts.seeds)] if opts.first_seed is not None
              else secrets.SystemRandom().sample(range(1 << 31), opts.seeds))
     if opts.seal:  # whatever sealing needs is checked before anything is measured
-        load_private_key(None, _forbidden_roots(opts.rounds_dir))
+        from .history.trust import pinned_signing_key
+
+        pinned_signing_key(lock, opts.lock_path, _forbidden_roots(opts.rounds_dir))
         read_chain(opts.rounds_dir)
         opts.rounds_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(opts.rounds_dir, os.W_OK):
@@ -555,9 +557,13 @@ def latest_calibration(rounds_dir: str | os.PathLike[str], target_id: str) -> tu
     return _load_checked(rounds, lines[-1]), lines[-1]
 
 
-def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The receipt's ``calibration`` field for a target whose latest calibration separates the current bars;
-    InputError naming the bar (and by how much) otherwise."""
+def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str],
+                      lock_path: str | os.PathLike[str] = "reference.lock") -> dict[str, Any]:
+    """The receipt's ``calibration`` field for a target whose latest calibration was sealed by a key the lock pins
+    (or is listed as sealed before the signer pin) and separates the current bars; InputError naming the signer
+    problem or the bar (and by how much) otherwise."""
+    from .history.trust import Trust
+
     t = lock.target(target_id)
     out = "" if Path(rounds_dir) == Path("rounds") else f" --out {rounds_dir}"
     hint = f"run `scoreboard gate calibrate {target_id}{out}` (and commit the record it writes)"
@@ -566,6 +572,11 @@ def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[
         raise InputError(f"target {target_id!r} has no calibration in {chain_path(rounds_dir)}: nothing shows that its "
                          "gate bars separate a correct engine from rounding noise and known faults", hint)
     rec, line = found
+    standing = Trust.of(lock, lock_path).standing(rec, "calibration")
+    if not standing.trusted:
+        raise InputError(f"target {target_id!r}: its latest calibration {rec['calibration_id']} is UNTRUSTED "
+                         f"({standing.why}); bars are relied on only as a box's pinned key calibrated them",
+                         f"on the box, with its pinned key in $SCOREBOARD_SIGNING_KEY: {hint}")
     now = definition(lock, target_id)
     if definition_sha256(now) != rec["definition_sha256"]:
         changes = definition_changes(rec["definition"], now)

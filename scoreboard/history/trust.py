@@ -133,3 +133,39 @@ def pinned_signing_key(lock: Any, lock_path: str | os.PathLike[str], forbidden_r
         raise InputError(f"${SIGNING_KEY_ENV}: its public key {pub} is not pinned in {lock_path} [signers]; what it "
                          "sealed would be untrusted history", new)
     return sid
+
+
+def pin_signer(lock_path: str | os.PathLike[str], signer_id: str, public_key: str, note: str = "",
+               today: str | None = None) -> None:
+    """Add ``[signers.<signer_id>]`` to the lock (comment-preserving, validated, atomic). `public_key` is the
+    base64 raw key or the path of a public key file (PEM or base64). Refuses an id or a key already pinned."""
+    import datetime as dt
+
+    import tomlkit
+
+    from ..lockfile import load_lock, update_lock
+    from .seal import load_public_key, public_key_b64
+
+    raw = public_key if not Path(public_key).is_file() else public_key_b64(load_public_key(public_key))
+    lock = load_lock(lock_path)
+    if signer_id in lock.signers:
+        raise InputError(f"{lock_path}: signers.{signer_id} is already pinned",
+                         "pick another --id; a key is never replaced in place (remove the old table in a reviewed "
+                         "commit first)")
+    other = Trust.of(lock, lock_path).signer_of(raw)
+    if other is not None:
+        raise InputError(f"{lock_path}: that key is already pinned as signers.{other}")
+
+    def edit(doc: Any) -> None:
+        signers = doc.get("signers")
+        if signers is None:
+            signers = tomlkit.table(is_super_table=True)
+            doc["signers"] = signers
+        table = tomlkit.table()
+        table["public_key"] = raw
+        table["added"] = today or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+        if note:
+            table["note"] = note
+        signers[signer_id] = table
+
+    update_lock(lock_path, edit)

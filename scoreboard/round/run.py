@@ -22,6 +22,7 @@ from .. import environment
 from ..cache import cache_dir as default_cache_dir
 from ..errors import EngineError, InputError, ScoreboardError, TransientError
 from ..history.held import History, load_history
+from ..history.trust import pinned_signing_key
 from ..history.receipt import (FORMAT_VERSION, Aborted, CalibrationRef, EnvironmentRec, FitRec, GateRec, Receipt,
                                ReferenceSide, Retry, Side, SpeedRec, Verdict, WeightsRec, new_round_id, parse_receipt,
                                utc_now, validation_messages)
@@ -295,6 +296,8 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     main_src = None if src.is_main else cand_mod.resolve_main_arm(scratch, opts.repo, branch)
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
+    if opts.seal:  # what it seals must be signed by a key the lock pins, or it would be untrusted history
+        pinned_signing_key(lock, opts.lock_path, [Path.cwd(), opts.rounds_dir.resolve().parent])
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     frontier_src, frontier_note = _frontier_source(history, opts, scratch) if src.is_main else (None, None)
@@ -460,7 +463,7 @@ def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:
     lock.target(opts.target)
     if not opts.require_calibration:
         return skipped("RoundOptions.require_calibration is False (a test round): no calibration was checked")
-    return check_calibration(lock, opts.target, opts.rounds_dir)
+    return check_calibration(lock, opts.target, opts.rounds_dir, opts.lock_path)
 
 
 def _verdict(rnd: Round) -> None:
