@@ -256,8 +256,9 @@ def _describe_trust(report: Report, trust: Trust) -> None:
                          f"{len(report.pre_pin)} {PRE_PIN}")
     if trust.problem:
         report.signatures = f"no pinned signers could be read: {trust.problem}"
-    for rid in report.pre_pin:
-        report.notes.append(f"{rid}: {PRE_PIN} (listed by id and seal in {trust.source} [sealed_before_pin])")
+    if report.pre_pin:
+        report.notes.append(f"{len(report.pre_pin)} record(s) {PRE_PIN}, trusted as listed by id and seal in "
+                            f"{trust.source} [sealed_before_pin]: {', '.join(report.pre_pin)}")
 
 
 def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str | os.PathLike[str] = "rounds",
