@@ -295,6 +295,9 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         from .history.trust import pinned_signing_key
 
         pinned_signing_key(lock, opts.lock_path, _forbidden_roots(opts.rounds_dir))
+        from .history.durable import refuse_unsettled
+
+        refuse_unsettled(opts.rounds_dir, opts.lock_path)  # never chain onto records a git step rolled back
         read_chain(opts.rounds_dir)
         opts.rounds_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(opts.rounds_dir, os.W_OK):
@@ -415,6 +418,9 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
             keep.write_bytes(file_bytes(record))
             raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
                              "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
+        from .history import durable
+
+        durable.save(opts.rounds_dir, opts.lock_path, f"calibration {record['calibration_id']}")  # sealed: kept
     return CalibrationOutcome(record, path, problems)
 
 

@@ -49,14 +49,15 @@ def ladder_steps(lines: list[dict[str, Any]], target: str | None = None, held: b
 
     `held`: also every main round that moved nothing on its scored slot (none, REJECT, aborted), as a "held"
     step at the frontier it left standing: the tiers as they came, failures included."""
-    round_dates = {ln.get("round_id"): ln.get("date", "") for ln in lines if ln.get("kind") == "round"}
+    rounds = ("round", "round-late")  # a round-late line records a round re-chained after later lines
+    round_dates = {ln.get("round_id"): ln.get("date", "") for ln in lines if ln.get("kind") in rounds}
     moved = {(ln.get("round_id"), ch.get("slot")) for ln in lines if ln.get("kind") == "frontier-raise"
              for ch in ln.get("changes", []) if ch.get("kind") == "frontier"}
     steps = []
     for ln in lines:
         if target and ln.get("target") != target:
             continue
-        if held and ln.get("kind") == "round" and ln.get("is_main") and (ln.get("round_id"), ln.get("slot")) not in moved:
+        if held and ln.get("kind") in rounds and ln.get("is_main") and (ln.get("round_id"), ln.get("slot")) not in moved:
             before = float(ln.get("frontier_before") or 0.0)
             if before > 0:  # before a BASELINE there is no frontier to hold
                 steps.append(Step(ln.get("round_id", ""), ln.get("date", ""), ln.get("slot", ""),

@@ -31,6 +31,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("reference", "reference"),
     ("gate", "gate"),
     ("signer", "signer"),
+    ("records", "records"),
 ]
 
 EXIT_CODES = """Exit codes (every command): 0 ok; 1 error or refused input (nothing written); 2 a verdict-level

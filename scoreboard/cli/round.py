@@ -161,6 +161,8 @@ def run_cmd(
         render(parsed, drift)
         if outcome.path:
             console.print(f"receipt: {outcome.path}")
+        if outcome.records:
+            console.print(f"records saved: {outcome.records}", highlight=False)
         elif seal and outcome.receipt["status"] == "verdict":
             console.print("[yellow]not sealed[/]: the target's weights are not fully pinned "
                           f"(next: `scoreboard pin weights --target {target} --revision <sha>`)")

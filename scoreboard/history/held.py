@@ -158,14 +158,17 @@ def load_history(rounds_dir: str | os.PathLike[str], lock: Lock, target_id: str,
     entries = [LedgerEntry.model_validate(json.loads(raw)) for raw in lines]
     trust = Trust.of(lock, lock_path)
     held: dict[str, HeldReceipt] = {}
+    earlier = {""}  # the hashes of the lines before line n: where a round-late line's receipt may have been sealed
     for n, e in enumerate(entries, start=1):
         where = f"{lp}:{n}"
         path = rounds / f"{e.round_id}.json"
-        if e.kind == "round":
+        if ledger.is_round(e):
             if e.round_id in held:
                 raise _fail(f"{where}: a second round line for round {e.round_id}", verify_hint)
-            held[e.round_id] = _verified(path, e, n, where, verify_hint, trust, rounds)
+            held[e.round_id] = _verified(path, e, n, where, verify_hint, trust, earlier)
+            earlier.add(sha256_hex(lines[n - 1]))
             continue
+        earlier.add(sha256_hex(lines[n - 1]))
         h = held.get(e.round_id)
         if h is None:
             raise _fail(f"{where}: {e.kind} line for round {e.round_id} before (or without) its round line",
@@ -195,7 +198,7 @@ def _refuse_unchained(rounds: Path, held: Mapping[str, HeldReceipt], lock_path: 
 
 
 def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, trust: Trust,
-              rounds: Path) -> HeldReceipt:
+              earlier: set[str]) -> HeldReceipt:
     """The receipt a round line names, checked against that line and its own seal."""
     resume = (f"if the file was moved, put it back at {path}; a receipt is never rewritten (restore it from "
               f"git), then " + verify_hint)
@@ -224,8 +227,10 @@ def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, 
     seal_sha, prev = (r.seal.sha256, r.seal.prev_ledger_sha256) if r.seal else ("", "")  # check_seal: present
     checks = [(r.round_id != e.round_id, f"round_id is {r.round_id!r}, the line says {e.round_id!r}"),
               (seal_sha != e.seal_sha256, "seal.sha256 differs from the line's seal_sha256"),
-              (prev != e.prev_sha256,
+              (e.kind == "round" and prev != e.prev_sha256,
                "sealed after a different ledger line than the one it follows (reordered)"),
+              (e.kind == "round-late" and prev not in earlier,
+               "a round-late line whose receipt was sealed after no earlier line of the ledger"),
               (r.target != e.target, f"target is {r.target!r}, the line says {e.target!r}")]
     for bad_, why in checks:
         if bad_:
@@ -236,7 +241,7 @@ def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, 
 def _ratchet(entries: list[LedgerEntry], held: Mapping[str, HeldReceipt], target_id: str) -> RatchetBasis | None:
     """Main's last sealed verdict receipt of the target whose gate passed (every one is verified)."""
     for e in reversed(entries):
-        if e.kind != "round" or e.target != target_id or not e.is_main or e.status != "verdict":
+        if not ledger.is_round(e) or e.target != target_id or not e.is_main or e.status != "verdict":
             continue
         rec = held[e.round_id].receipt()
         if not rec.candidate.is_main or rec.gate is None or not rec.gate.pass_:

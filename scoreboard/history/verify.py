@@ -113,7 +113,8 @@ def _check_receipts(ctx: _Ctx, rounds: Path, trusted: Any) -> dict[str, _Rec]:
     return recs
 
 
-def _line_vs_receipt(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
+def _line_vs_receipt(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec, earlier: set[str]) -> None:
+    """The line's fields against its receipt; `earlier`: the hashes of the lines before it ("" included)."""
     d = rec.receipt
     if e.receipt_sha256 != rec.file_sha:
         ctx.add(where, "receipt_sha256", f"{rec.path} bytes changed since the line was written")
@@ -122,20 +123,23 @@ def _line_vs_receipt(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
     expect: dict[str, Any] = {
         "target": d.target, "status": d.status, "candidate_commit": d.candidate.commit,
         "is_main": d.candidate.is_main, "verdict": d.verdict.label if d.verdict else "aborted"}
-    if e.kind == "round":
+    if ledger.is_round(e):
         m = scored_metric(d)
         at_start = m.frontier if m else None
         expect.update(date=d.created_at, value=frontier.scored_value(d), frontier_before=at_start,
                       frontier_after=at_start, changes=[])
-        if (d.seal.prev_ledger_sha256 if d.seal else None) != e.prev_sha256:
+        sealed_after = d.seal.prev_ledger_sha256 if d.seal else None
+        if e.kind == "round" and sealed_after != e.prev_sha256:
             ctx.add(where, "prev_sha256", f"{rec.path} was sealed after a different ledger line (reordered?)")
+        if e.kind == "round-late" and sealed_after not in earlier:
+            ctx.add(where, "kind", f"round-late, but {rec.path} was sealed after no earlier line of the ledger")
     for k, v in expect.items():
         if getattr(e, k) != v:
             ctx.add(where, k, f"{getattr(e, k)!r} but {rec.path} says {v!r}")
 
 
 def _changes_backed(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
-    if e.kind == "round":
+    if ledger.is_round(e):
         return  # a round line changes nothing (checked in _line_vs_receipt)
     if not e.changes:
         ctx.add(where, "changes", f"a {e.kind} line without changes")
@@ -172,10 +176,11 @@ def _check_ledger(ctx: _Ctx, rounds: Path, recs: dict[str, _Rec]) -> list[tuple[
         ctx.add(f"{lp}:{n}", fld, msg)
     entries: list[tuple[int, LedgerEntry]] = []
     seen: dict[str, int] = {}
+    hashes = [""] + [sha256_hex(raw) for raw in lines]  # hashes[n - 1]: the line line n follows ("" for line 1)
     for n, e in ledger.valid_lines(lines, LedgerEntry):
         entries.append((n, e))
         where = f"{lp}:{n}"
-        if e.kind == "round":
+        if ledger.is_round(e):
             if e.round_id in seen:
                 ctx.add(where, "round_id", f"round {e.round_id} already on line {seen[e.round_id]}")
             seen.setdefault(e.round_id, n)
@@ -188,7 +193,7 @@ def _check_ledger(ctx: _Ctx, rounds: Path, recs: dict[str, _Rec]) -> list[tuple[
         if not rec.trusted:
             ctx.add(where, "round_id", f"backed by {rec.path}, which no pinned key vouches for (see its finding): a "
                                        "ledger line is only as trusted as the receipt it names")
-        _line_vs_receipt(ctx, where, e, rec)
+        _line_vs_receipt(ctx, where, e, rec, set(hashes[:n]))
         _changes_backed(ctx, where, e, rec)
     for rid, rec in recs.items():
         if rid not in seen:
@@ -238,6 +243,36 @@ def _check_slots(ctx: _Ctx, lock_path: Path, rounds: Path, lock: Lock, entries: 
                 ctx.add(lock_path, f"{f}.{k}", f"{getattr(slot, k)!r} but ledger line {n} / {rec.path} say {v!r}")
 
 
+def _check_raises(ctx: _Ctx, lock: Lock, rounds: Path, entries: list[tuple[int, LedgerEntry]],
+                  recs: dict[str, _Rec]) -> None:
+    """A round that earned slot changes at its place on the ledger (`frontier.plan`) and has no frontier-raise line
+    after it: a finding while it still earns some (`frontier.late_plan`: an interrupted raise, which `scoreboard
+    frontier resume` finishes), a note once later rounds superseded every one."""
+    state: dict[str, float] = {}
+    final = {slot: c.after for slot, (_, c) in ledger.last_changes([x for _, x in entries]).items()}
+    for i, (n, e) in enumerate(entries):
+        rec = recs.get(e.round_id)
+        later = [x for _, x in entries[i + 1:]]
+        if ledger.is_round(e) and rec is not None and rec.trusted and \
+                not any(x.kind == "frontier-raise" and x.round_id == e.round_id for x in later):
+            try:
+                earned = frontier.plan(lock, rec.receipt, state)
+            except InputError:
+                earned = []  # the lock no longer defines its slots: nothing it could raise now
+            if earned:
+                still = frontier.late_plan(lock, rec.receipt, final, later)
+                msg = ", ".join(f"{c.slot} {c.before} -> {c.after}" for c in (still or earned))
+                if still:
+                    ctx.add(f"{ledger.ledger_path(rounds)}:{n}", "round_id",
+                            f"round {e.round_id} earned slot changes no frontier-raise line records ({msg}): an "
+                            f"interrupted raise; `scoreboard frontier resume --rounds {rounds}` finishes it")
+                else:
+                    ctx.report.notes.append(f"round {e.round_id} earned slot changes that were never raised "
+                                            f"({msg}); later rounds superseded every one")
+        for c in e.changes:
+            state[c.slot] = c.after
+
+
 def _check_calibrations(ctx: _Ctx, rounds: Path, trusted: Any, recs: dict[str, _Rec]) -> None:
     """The calibration chain, every sealed record and who sealed it, and every receipt's reference to one."""
     from ..calibrate import verify_problems
@@ -283,6 +318,7 @@ def verify(lock_path: str | os.PathLike[str] = "reference.lock", rounds_dir: str
     _check_calibrations(ctx, rounds, trusted, recs)
     if lock is not None:
         _check_slots(ctx, lock_path, rounds, lock, entries, recs)
+        _check_raises(ctx, lock, rounds, entries, recs)
     _describe_trust(report, trust)
     if trusted is not None:
         report.signatures += f"; every record must also be signed by {public_key}"

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from .. import environment
 from ..cache import cache_dir as default_cache_dir
 from ..errors import EngineError, InputError, ScoreboardError, TransientError
+from ..history import durable
 from ..history.held import History, load_history
 from ..history.trust import pinned_signing_key
 from ..history.receipt import (FORMAT_VERSION, Aborted, CalibrationRef, EnvironmentRec, FitRec, GateRec, Receipt,
@@ -93,6 +94,7 @@ class RoundOutcome:
     path: Path | None
     exit_code: int
     frontier_change: Any = None
+    records: str | None = None  # where the sealed round's records were saved (durable.Saved.describe)
 
     def parsed(self) -> Receipt:
         """The receipt as its typed model (InputError naming every problem when it does not validate)."""
@@ -278,6 +280,7 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
     # code runs, and held: a broken ledger refuses the round with nothing written.
     history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
+    durable.refuse_unsettled(opts.rounds_dir, opts.lock_path)  # records a git step rolled back: nothing written
     # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
     scratch = sandbox.new_scratch_root()
     try:
@@ -523,7 +526,19 @@ def _finish(rnd: Round) -> RoundOutcome:
             from ..history.frontier import raise_frontier
 
             change = raise_frontier(rnd.opts.lock_path, path, rnd.opts.rounds_dir)
+        return RoundOutcome(r, path, _exit_code(receipt), change, _durable(rnd, path).describe())
     return RoundOutcome(r, path, _exit_code(receipt), change)
+
+
+def _durable(rnd: Round, path: Path) -> durable.Saved:
+    """The sealed round's records committed to the records ref before the round reports success."""
+    try:
+        return durable.save(rnd.opts.rounds_dir, rnd.opts.lock_path, f"round {rnd.round_id}")
+    except ScoreboardError as exc:
+        raise ScoreboardError(f"the round is sealed ({path}) and on the ledger, but its records were not saved to "
+                              f"{durable.locate(rnd.opts.rounds_dir).describe()}: {exc.message}",
+                              f"fix the cause, then `scoreboard frontier resume --lock {rnd.opts.lock_path} --rounds "
+                              f"{rnd.opts.rounds_dir}` saves them") from exc
 
 
 def _validated(rnd: Round) -> Receipt:
