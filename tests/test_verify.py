@@ -56,6 +56,10 @@ def test_committed_repository_state_verifies_clean():
     out = scoreboard("verify", cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ok" in out.stdout
+    # with the signer pin in place: every record is signed by a pinned key or listed as sealed before the pin
+    report = json.loads(scoreboard("verify", "--json", cwd=REPO).stdout)
+    assert report["ok"] and len(report["pre_pin"]) + sum(report["signed"].values()) == report["receipts"] + \
+        report["calibrations"]
 
 
 def test_clean_history_verifies(history: Path):
