@@ -184,17 +184,28 @@ def load_history(rounds_dir: str | os.PathLike[str], lock: Lock, target_id: str,
 
 
 def _refuse_unchained(rounds: Path, held: Mapping[str, HeldReceipt], lock_path: Any) -> None:
-    """A receipt file in rounds/ that no round line names: a round that sealed now would chain past it, and the
+    """A sealed receipt in rounds/ that no round line names: a round that sealed now would chain past it, and the
     round it records (a raise included) would be lost for good."""
     from .records import receipt_files
 
-    loose = [p for p in receipt_files(rounds) if p.stem not in held]
+    loose = [p for p in receipt_files(rounds) if p.stem not in held and _sealed(p)]
     if loose:
         names = ", ".join(p.name for p in loose[:3]) + (f" (and {len(loose) - 3} more)" if len(loose) > 3 else "")
         raise _fail(f"{rounds}: {len(loose)} receipt(s) on no ledger line ({names}); a round never seals past a "
                     "recorded round it has not chained",
                     f"chain them first: `scoreboard frontier resume --lock {lock_path} --rounds {rounds}` (or, for a "
                     f"file that is no receipt of this history, move it out of {rounds})")
+
+
+def _sealed(path: Path) -> bool:
+    """Whether the file holds a sealed receipt (a JSON object with a seal digest), whatever else is wrong with it;
+    other files in rounds/ are no round's record (`verify` names them)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    seal = data.get("seal") if isinstance(data, dict) else None
+    return isinstance(seal, dict) and isinstance(seal.get("sha256"), str) and "round_id" in data
 
 
 def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, trust: Trust,

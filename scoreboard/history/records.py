@@ -16,13 +16,17 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from . import frontier, ledger
 from ..errors import InputError, NonCompliant
 from .ledger import LedgerEntry, SlotChange
 from .receipt import Receipt, normalize, parse_receipt, scored_metric
 from .seal import load_private_key, make_seal, sha256_hex
+
+if TYPE_CHECKING:
+    from .durable import Restored, Saved
+    from .rechain import Rechained
 
 DEFAULT_ROUNDS = "rounds"
 
@@ -169,10 +173,10 @@ def resume_round(receipt: str | os.PathLike[str], rounds_dir: str | os.PathLike[
 class Recovered:
     """What `recover` did: files restored from the records ref, lines re-chained, and where the result was saved."""
 
-    restored: Any  # durable.Restored
-    rechained: Any = None  # rechain.Rechained, without a receipt: every receipt the ledger lacked
+    restored: Restored
+    saved: Saved
+    rechained: Rechained | None = None  # without a receipt: every receipt the ledger lacked
     resumed: Recorded | None = None  # with a receipt: that round finished
-    saved: Any = None  # durable.Saved
 
 
 def recover(rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str],
@@ -182,20 +186,17 @@ def recover(rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str
     `receipt`, that round: `resume_round`), bring the lock's slots to the ledger, then save the records again."""
     from . import durable
 
-    out = Recovered(durable.restore(rounds_dir, lock_path))
-    if receipt is not None:
-        out.resumed = resume_round(receipt, rounds_dir, lock_path)
-    else:
-        out.rechained = rechain(rounds_dir, lock_path)
-    out.saved = durable.save(rounds_dir, lock_path, "frontier resume")
-    return out
+    restored = durable.restore(rounds_dir, lock_path)
+    resumed = resume_round(receipt, rounds_dir, lock_path) if receipt is not None else None
+    rechained = rechain(rounds_dir, lock_path) if receipt is None else None
+    return Recovered(restored, durable.save(rounds_dir, lock_path, "frontier resume"), rechained, resumed)
 
 
 # ----------------------------------------------------------------------------------------------
 # re-chaining receipts the ledger lost
 
 def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
-            lock_path: str | os.PathLike[str] | None = None) -> Any:
+            lock_path: str | os.PathLike[str] | None = None) -> Rechained:
     """`rechain.rechain` (kept here: the round's records API)."""
     from .rechain import rechain as _rechain
 
