@@ -142,7 +142,10 @@ def save(rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str], 
     """Commit the records as they are on disk to the store's ref (a new commit only when they changed)."""
     store = locate(rounds_dir)
     if not store.git_dir.exists():
-        subprocess.run(["git", "init", "-q", "--bare", str(store.git_dir)], check=True, capture_output=True)
+        made = subprocess.run(["git", "init", "-q", "--bare", str(store.git_dir)], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise InputError(f"{store.git_dir}: cannot create the records' store ({made.stderr.strip()})",
+                             "the directory beside rounds/ must be writable (docs/nothing-lost.md)")
     with ledger.exclusive(rounds_dir):
         files = record_files(rounds_dir, lock_path)
         blobs = _blob_ids(store, files, write=True)
