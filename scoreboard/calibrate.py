@@ -36,7 +36,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -396,9 +396,13 @@ def latest_calibration(rounds_dir: str | os.PathLike[str], target_id: str) -> tu
     return _load_checked(rounds, lines[-1]), lines[-1]
 
 
-def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The receipt's ``calibration`` field for a target whose latest calibration separates the current bars;
-    InputError naming the bar (and by how much) otherwise."""
+def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str],
+                      lock_path: str | os.PathLike[str] = "reference.lock") -> dict[str, Any]:
+    """The receipt's ``calibration`` field for a target whose latest calibration was sealed by a key the lock pins
+    (or is listed as sealed before the signer pin) and separates the current bars; InputError naming the signer
+    problem or the bar (and by how much) otherwise."""
+    from .history.trust import Trust
+
     t = lock.target(target_id)
     out = "" if Path(rounds_dir) == Path("rounds") else f" --out {rounds_dir}"
     hint = f"run `scoreboard gate calibrate {target_id}{out}` (and commit the record it writes)"
@@ -407,6 +411,11 @@ def check_calibration(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[
         raise InputError(f"target {target_id!r} has no calibration in {chain_path(rounds_dir)}: nothing shows that its "
                          "gate bars separate a correct engine from rounding noise and known faults", hint)
     rec, line = found
+    standing = Trust.of(lock, lock_path).standing(rec, "calibration")
+    if not standing.trusted:
+        raise InputError(f"target {target_id!r}: its latest calibration {rec['calibration_id']} is UNTRUSTED "
+                         f"({standing.why}); bars are relied on only as a box's pinned key calibrated them",
+                         f"on the box, with its pinned key in $SCOREBOARD_SIGNING_KEY: {hint}")
     bad_options = option_problems(target_id, t)
     if bad_options:
         raise LockError(bad_options, hint=f"fix instrument_options in the lock; {hint}")
@@ -440,9 +449,12 @@ def skipped(reason: str) -> dict[str, Any]:
 # verify
 
 def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
-                    receipts: Mapping[str, Receipt] | None = None) -> tuple[int, list[tuple[str, str, str]]]:
+                    receipts: Mapping[str, Receipt] | None = None,
+                    judge: Callable[[Path, dict[str, Any], str], bool] | None = None,
+                    ) -> tuple[int, list[tuple[str, str, str]]]:
     """(records checked, problems as (file, field, message)): the chain, every record's bytes, seal and
-    signature, orphan records, and every receipt's reference to a calibration."""
+    signature, orphan records, and every receipt's reference to a calibration. `judge(path, record, "calibration")`
+    is asked who sealed each record whose seal holds (it reports an untrusted one itself: `verify._Ctx.judge`)."""
     rounds = Path(rounds_dir)
     cp = chain_path(rounds)
     problems: list[tuple[str, str, str]] = []
@@ -466,7 +478,10 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
             problems.append((str(path), "<file>", f"not JSON ({exc})"))
             continue
         problems += [(str(path), *_split(p)) for p in record_problems(data)]
-        problems += [(str(path), f, m) for f, m in check_seal(data) + check_signature(data, trusted)]
+        sealed = [(str(path), f, m) for f, m in check_seal(data) + check_signature(data, trusted)]
+        problems += sealed
+        if not sealed and isinstance(data, dict) and judge is not None:
+            judge(path, data, "calibration")
         if sha256_hex(raw_rec) != line.record_sha256:
             problems.append((f"{cp}:{n}", "record_sha256", f"{path} bytes changed since the line was written"))
         if isinstance(data, Mapping):

@@ -23,7 +23,6 @@ from .calibrate import (FORMAT_VERSION, _forbidden_roots, definition, definition
                         new_calibration_id, noise_pair, read_chain, separation_problems, summary, write_record)
 from .errors import InputError
 from .history.receipt import utc_now
-from .history.seal import load_private_key
 from .lockfile import Target, lock_digest, load_lock
 
 DEFAULT_SEEDS = 20
@@ -100,9 +99,14 @@ def _seeds(opts: CalibrationOptions) -> list[int]:
     return secrets.SystemRandom().sample(range(1 << 31), opts.seeds)
 
 
-def _check_sealable(opts: CalibrationOptions) -> None:
-    """Whatever sealing needs, before anything is measured."""
-    load_private_key(None, _forbidden_roots(opts.rounds_dir))
+def _check_sealable(opts: CalibrationOptions, lock: Any) -> None:
+    """Whatever sealing needs, before anything is measured: a signing key the lock pins, records no git step
+    rolled back, the chain readable, rounds/ writable."""
+    from .history.durable import refuse_unsettled
+    from .history.trust import pinned_signing_key
+
+    pinned_signing_key(lock, opts.lock_path, _forbidden_roots(opts.rounds_dir))
+    refuse_unsettled(opts.rounds_dir, opts.lock_path)  # never chain onto records a git step rolled back
     read_chain(opts.rounds_dir)
     opts.rounds_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(opts.rounds_dir, os.W_OK):
@@ -148,7 +152,7 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path) -> Calibration
     target = lock.target(opts.target)
     view = inst.instrument_view(lock, opts.target)  # the target as the instrument's workers run it
     if opts.seal:
-        _check_sealable(opts)
+        _check_sealable(opts, lock)
     t_start, created = time.perf_counter(), utc_now()
     stage_seconds: dict[str, float] = {}
     round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
@@ -312,10 +316,14 @@ def _seal(opts: CalibrationOptions, record: dict[str, Any], report: Report) -> P
         return None
     report("stage", name="seal")
     try:
-        return write_record(record, opts.rounds_dir)
+        path = write_record(record, opts.rounds_dir)
     except Exception as exc:
         keep = opts.cache_dir / "calibrations-unsealed" / f"{record['calibration_id']}.json"
         keep.parent.mkdir(parents=True, exist_ok=True)
         keep.write_bytes(file_bytes(record))
         raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
                          "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
+    from .history import durable
+
+    durable.save(opts.rounds_dir, opts.lock_path, f"calibration {record['calibration_id']}")  # sealed: kept
+    return path

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     from .history.receipt import Receipt
+    from .history.trust import Trust
 
 UNIT = "tok/s"
 
@@ -48,14 +49,15 @@ def ladder_steps(lines: list[dict[str, Any]], target: str | None = None, held: b
 
     `held`: also every main round that moved nothing on its scored slot (none, REJECT, aborted), as a "held"
     step at the frontier it left standing: the tiers as they came, failures included."""
-    round_dates = {ln.get("round_id"): ln.get("date", "") for ln in lines if ln.get("kind") == "round"}
+    rounds = ("round", "round-late")  # a round-late line records a round re-chained after later lines
+    round_dates = {ln.get("round_id"): ln.get("date", "") for ln in lines if ln.get("kind") in rounds}
     moved = {(ln.get("round_id"), ch.get("slot")) for ln in lines if ln.get("kind") == "frontier-raise"
              for ch in ln.get("changes", []) if ch.get("kind") == "frontier"}
     steps = []
     for ln in lines:
         if target and ln.get("target") != target:
             continue
-        if held and ln.get("kind") == "round" and ln.get("is_main") and (ln.get("round_id"), ln.get("slot")) not in moved:
+        if held and ln.get("kind") in rounds and ln.get("is_main") and (ln.get("round_id"), ln.get("slot")) not in moved:
             before = float(ln.get("frontier_before") or 0.0)
             if before > 0:  # before a BASELINE there is no frontier to hold
                 steps.append(Step(ln.get("round_id", ""), ln.get("date", ""), ln.get("slot", ""),
@@ -74,13 +76,14 @@ def ladder_steps(lines: list[dict[str, Any]], target: str | None = None, held: b
     return steps
 
 
-def _receipt_facts(path: Path) -> tuple[Receipt | None, str]:
-    """(receipt, problem): the receipt only when its seal holds — an edited one lends the ladder nothing."""
+def _receipt_facts(path: Path, trust: Trust) -> tuple[Receipt | None, str]:
+    """(receipt, problem): the receipt only when its seal holds and a pinned key vouches for it — an edited or
+    untrusted one lends the ladder nothing."""
     from .history.sealed import inspect_receipt
 
     if not path.is_file():
         return None, f"{path.name}: receipt missing"
-    f = inspect_receipt(path)
+    f = inspect_receipt(path, trust)
     if f.sealed is not None:
         return f.sealed.receipt, ""
     if f.raw is None:
@@ -103,17 +106,21 @@ def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None]:
     return "", None
 
 
-def ladder_from_history(rounds_dir: str | Path, target: str | None = None, held: bool = True) -> list[Step]:
-    """The ladder with each step's tier and same-round reference value from its (seal-checked) receipt;
-    `held` (the default): main rounds that moved nothing are steps too (ladder_steps)."""
+def ladder_from_history(rounds_dir: str | Path, target: str | None = None, held: bool = True,
+                        trust: Trust | None = None) -> list[Step]:
+    """The ladder with each step's tier and same-round reference value from its (seal-checked) receipt, judged by
+    `trust` (default: the pins of the reference.lock beside rounds_dir, `trust.near`); `held` (the default): main
+    rounds that moved nothing are steps too (ladder_steps)."""
     from .history.ledger import read_ledger
+    from .history.trust import near
 
     rounds = Path(rounds_dir)
+    trust = trust if trust is not None else near(rounds)
     out = []
     cache: dict[str, tuple[Receipt | None, str]] = {}
     for s in ladder_steps(read_ledger(rounds), target, held):
         if s.round_id not in cache:
-            cache[s.round_id] = _receipt_facts(rounds / f"{s.round_id}.json")
+            cache[s.round_id] = _receipt_facts(rounds / f"{s.round_id}.json", trust)
         rec, problem = cache[s.round_id]
         if rec is None:
             out.append(Step(**{**asdict(s), "receipt_problem": problem}))

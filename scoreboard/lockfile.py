@@ -1,7 +1,9 @@
 """reference.lock: typed models, the one loader, and the comment-preserving writer.
 
 Format history (``schema``):
-  1 — references / weights / nodes / targets / slots (this version).
+  1 — references / weights / nodes / targets / slots (this version); additive since: ``[signers.<id>]`` (the
+      Ed25519 public keys whose seals history trusts) and ``[sealed_before_pin]`` (records sealed before the first
+      signer was pinned, each by id and seal; docs/signing.md).
 A lock with an unknown major schema is refused; the loader reports every problem at once, each with
 its path into the document (``targets.k3-mini-cpu.reference: unknown reference 'x'``).
 """
@@ -368,6 +370,53 @@ class Slot(_Model):
         return self
 
 
+class Signer(_Model):
+    """One pinned signing key: a box's Ed25519 public key, pinned by a reviewed change like any other pin."""
+
+    public_key: str  # base64 of the raw 32-byte Ed25519 public key (what a seal's `public_key` embeds)
+    added: str  # UTC date the pin was added, YYYY-MM-DD
+    note: str = ""  # where the private key is kept (never the key itself)
+
+    @field_validator("public_key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        import base64
+        import binascii
+
+        try:
+            raw = base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(f"the base64 of a raw 32-byte Ed25519 public key (`scoreboard signer new` prints it), "
+                             f"got {v!r}")
+        return v
+
+    @field_validator("added")
+    @classmethod
+    def _added(cls, v: str) -> str:
+        if not re.match(r"^\d{4}-\d{2}-\d{2}$", v):
+            raise ValueError(f"a UTC date YYYY-MM-DD, got {v!r}")
+        return v
+
+
+class PrePinRecord(_Model):
+    """A record sealed (unsigned) before any signer was pinned, trusted by review of its id and seal."""
+
+    id: str = Field(min_length=1)  # round id (rounds/<id>.json) or calibration id (rounds/calibrations/<id>.json)
+    seal_sha256: str  # its seal.sha256: any other content under that id is not the reviewed record
+
+    @field_validator("seal_sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        return _check_sha(v, _SHA256, "a seal sha256")
+
+
+class SealedBeforePin(_Model):
+    rounds: Tuple[PrePinRecord] = ()
+    calibrations: Tuple[PrePinRecord] = ()
+
+
 _BRANCH = re.compile(r"^(?!/)(?!.*(?:\.\.|//|@\{|\.lock$|/$|\.$))[A-Za-z0-9._/-]+$")
 
 
@@ -380,6 +429,8 @@ class Lock(_Model):
     nodes: dict[str, NodeClass] = Field(default_factory=dict)
     targets: dict[str, Target] = Field(default_factory=dict)
     slots: dict[str, Slot] = Field(default_factory=dict)
+    signers: dict[str, Signer] = Field(default_factory=dict)  # id -> pinned public key (docs/signing.md)
+    sealed_before_pin: SealedBeforePin = Field(default_factory=SealedBeforePin)
 
     @field_validator("main_branch")
     @classmethod
@@ -537,6 +588,23 @@ def _slot_problems(lock: Lock) -> list[str]:
     return problems
 
 
+def _signer_problems(lock: Lock) -> list[str]:
+    """A key pinned twice, or a record listed twice before the pin (each would hide the other's review)."""
+    problems: list[str] = []
+    keys: dict[str, str] = {}
+    for sid, s in lock.signers.items():
+        if s.public_key in keys:
+            problems.append(f"signers.{sid}.public_key: the same key as signers.{keys[s.public_key]}")
+        keys.setdefault(s.public_key, sid)
+    for kind in ("rounds", "calibrations"):
+        seen: set[str] = set()
+        for i, r in enumerate(getattr(lock.sealed_before_pin, kind)):
+            if r.id in seen:
+                problems.append(f"sealed_before_pin.{kind}[{i}].id: {r.id!r} is listed twice")
+            seen.add(r.id)
+    return problems
+
+
 def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
     """Parse and validate lock text; raise LockError listing every problem with its path."""
     try:
@@ -557,7 +625,7 @@ def parse_lock(text: str, path: str = DEFAULT_LOCK) -> Lock:
         lock = Lock.model_validate(data)
     except ValidationError as exc:
         raise LockError(_pydantic_problems(exc) + names, path) from None
-    problems = names or _slot_problems(lock)  # slot names derive from valid targets only
+    problems = names or (_slot_problems(lock) + _signer_problems(lock))  # slot names derive from valid targets only
     if problems:
         raise LockError(problems, path)
     return lock

@@ -19,6 +19,7 @@ from .ladder import Step, compounding, ladder_from_history, slot_panel_svg
 from .history.receipt import GateRec, Receipt, metric_label
 from .history.records import receipt_files
 from .history.sealed import inspect_receipt
+from .history.trust import Trust
 
 _CSS = """
 body{font-family:"DejaVu Sans",Arial,sans-serif;margin:24px auto;max-width:1100px;color:#1b1b1b;background:#fff;
@@ -44,7 +45,7 @@ svg{max-width:100%;height:auto;border:1px solid #ddd;margin:4px 0}
 class RoundView:
     path: Path
     data: dict[str, Any] | None  # the JSON as read (listed even when its seal fails)
-    seal: str  # "sealed" | "UNSEALED" | "TAMPERED" | "UNREADABLE"
+    seal: str  # "sealed" | "UNSEALED" | "TAMPERED" | "UNTRUSTED" | "UNREADABLE"
     problems: list[str] = field(default_factory=list)
     receipt: Receipt | None = None  # parsed; set exactly when the seal holds
 
@@ -61,8 +62,8 @@ class Report:
         return [r for r in self.rounds if r.seal != "sealed"]
 
 
-def _load(path: Path) -> RoundView:
-    f = inspect_receipt(path)
+def _load(path: Path, trust: Trust) -> RoundView:
+    f = inspect_receipt(path, trust)
     if f.raw is None:
         return RoundView(path, None, "UNREADABLE", [m for _, m in f.problems])
     if f.sealed is None:
@@ -163,14 +164,16 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
                  target: str | None = None, title: str = "scoreboard history") -> Report:
     from .drift import reference_drift
     from .lockfile import load_lock
+    from .history.trust import near
     from .history.verify import verify
 
     rounds = Path(rounds_dir)
-    views = [_load(p) for p in receipt_files(rounds)]
+    trust = near(rounds, lock_path if lock_path is not None and Path(lock_path).is_file() else None)
+    views = [_load(p, trust) for p in receipt_files(rounds)]
     if target:
         views = [v for v in views if v.data is None or v.data.get("target") == target]
     views.sort(key=lambda v: ((v.data or {}).get("created_at", ""), v.path.name))
-    steps = ladder_from_history(rounds, target)
+    steps = ladder_from_history(rounds, target, trust=trust)
     lock = None
     verify_problems: list[str] = []
     if lock_path is not None and Path(lock_path).is_file():

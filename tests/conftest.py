@@ -35,6 +35,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_signer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's signing key, outside every checkout: every record a test seals is signed, and a test lock
+    that starts a fresh history pins it (signer_fixtures)."""
+    from signer_fixtures import make_session_key
+
+    return make_session_key(tmp_path_factory.mktemp("signer"))
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO

@@ -81,12 +81,15 @@ def target_table() -> dict[str, Any]:
 
 def zero_slots(doc: Any) -> Any:
     """A fresh history: every slot back to 0 with no provenance (the repo's own sealed rounds are not
-    in a test's rounds/ directory, so its measured slots would not be backed there)."""
+    in a test's rounds/ directory, so its measured slots would not be backed there), and the test session's
+    signing key pinned (signer_fixtures), so that what the test seals is trusted under this lock."""
+    from signer_fixtures import pin_signer
+
     for name in list(doc.get("slots", {})):
         doc["slots"][name]["value"] = 0.0
         for k in ("round", "commit", "measured_at", "reps"):
             doc["slots"][name].pop(k, None)
-    return doc
+    return pin_signer(doc)
 
 
 def shrunk_lock(dest: Path, target: str = "k3-mini-cpu", *, blocks: int = 2, reps: int = 1,
@@ -110,7 +113,7 @@ def lock_with_test_target(dest_dir: Path) -> Path:
     """Copy the repo's reference.lock into dest_dir (slots zeroed) and add the test target's tables."""
     path = Path(dest_dir) / "reference.lock"
     shutil.copyfile(REPO / "reference.lock", path)
-    doc = zero_slots(tomlkit.parse(path.read_text(encoding="utf-8")))
+    doc = zero_slots(tomlkit.parse(path.read_text(encoding="utf-8")))  # the session's signer pinned
     extra = tomlkit.parse(TEST_TOML)
     for section in ("references", "weights", "nodes", "targets"):
         for name, table in extra[section].items():

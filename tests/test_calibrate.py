@@ -17,16 +17,17 @@ import pytest
 import tomlkit
 
 from engines.sparkinfer.faults import GATE_FAULTS
+from calibration_fixtures import synthetic
 from receipt_factory import lock_with_test_target, make_receipt, zero_slots
 from scoreboard.history import frontier
 from scoreboard.calibrate import (
-    chain_path, check_calibration, definition, definition_sha256, latest_calibration, new_calibration_id,
+    chain_path, check_calibration, definition, definition_sha256, latest_calibration,
     record_path, separation_problems, summary, write_record,
 )
 from scoreboard.calibration_run import CalibrationOptions, run_calibration
 from scoreboard.errors import InputError, NonCompliant
 from scoreboard.lockfile import load_lock
-from scoreboard.history.receipt import parse_receipt, utc_now
+from scoreboard.history.receipt import parse_receipt
 from scoreboard.history.records import record_round
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.history.verify import verify
@@ -47,33 +48,6 @@ def lock(tmp_path: Path) -> Path:
     p.write_text(tomlkit.dumps(doc))
     load_lock(p)
     return p
-
-
-def synthetic(lock_path: Path, target: str = TARGET, correct: float = 1e-9, noise: float = 2e-9, fault: float = 1.0,
-              fault_kl: dict[str, float] | None = None, seeds: tuple[int, ...] = (1, 2)) -> dict:
-    """A calibration record with chosen numbers, against the lock's current definition of the target."""
-    lk = load_lock(lock_path)
-    t = lk.target(target)
-    defn = definition(lk, target)
-
-    def arm(kl: float, top1: float) -> list[dict]:
-        return [{"depth": d, "rows": t.gate.rows_per_depth, "kl_mean": kl, "kl_p99": 3 * kl, "kl_max": 5 * kl,
-                 "top1": top1} for d in t.gate.depths]
-
-    created = utc_now()
-    rec = {"kind": "calibration", "format_version": "1.1", "calibration_id": new_calibration_id(target, created),
-           "created_at": created, "target": target, "definition": defn, "definition_sha256": definition_sha256(defn),
-           "policy": {"margin": t.gate.calibration_margin, "kl_max": t.gate.kl_max, "kl_p99_max": t.gate.kl_p99_max,
-                      "top1_min": t.gate.top1_min, "depths": list(t.gate.depths),
-                      "rows_per_depth": t.gate.rows_per_depth}, "seeds": list(seeds),
-           "instrument": {"engine": "sparkinfer", "label": "synthetic"}, "reference": {"engine": "llamacpp"},
-           "noise_floor": {"precise": "float64", "coarse": "float32"}, "faults": list(GATE_FAULTS),
-           "runs": [{"seed": s, "prompt": {}, "correct": arm(correct, 1.0), "noise_floor": arm(noise, 1.0),
-                     "faults": {f: arm((fault_kl or {}).get(f, fault), 0.2) for f in GATE_FAULTS}} for s in seeds]}
-    rec["summary"] = summary(rec)
-    problems = separation_problems(rec, t.gate)
-    rec["separation"] = {"separated": not problems, "problems": problems}
-    return rec
 
 
 def _opts(lock: Path, tmp_path: Path, **kw) -> RoundOptions:

@@ -22,7 +22,8 @@ from receipt_factory import shrunk_lock
 from scoreboard.errors import InputError
 from scoreboard.round import ready
 from scoreboard.round.run import RoundOptions, UnsealedReceipt, run_round
-from scoreboard.history.seal import generate_keypair
+from scoreboard.history.seal import generate_keypair, load_public_key, public_key_b64
+from signer_fixtures import pin_in
 from scoreboard.weights.verify import default_cache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,8 +151,9 @@ def test_a_candidate_whose_engine_cannot_import_is_recorded_as_its_own_failure(l
 @pytest.mark.slow
 def test_a_seal_that_fails_after_the_speed_stage_keeps_the_complete_receipt(lock, tmp_path, tmp_path_factory,
                                                                             monkeypatch):
-    key, _pub = generate_keypair(tmp_path_factory.mktemp("keys") / "signing.key")
+    key, pub = generate_keypair(tmp_path_factory.mktemp("keys") / "signing.key")
     monkeypatch.setenv("SCOREBOARD_SIGNING_KEY", str(key))
+    pin_in(lock, public_key_b64(load_public_key(pub)), "box-2")  # a key sealing may use: pinned
     stages: list[str] = []
 
     def report(kind, **kw):

@@ -11,7 +11,7 @@ from cli_helpers import run_cli
 import tomlkit
 
 from scoreboard.errors import InputError
-from scoreboard.lockfile import Metric, Target, TierPolicy, parse_lock, set_slot
+from scoreboard.lockfile import Metric, Target, TierPolicy, load_lock, parse_lock, set_slot
 from scoreboard.stats import RatioCI
 from scoreboard.tiers import (LABELS, Evidence, Verdict, decide, evidence, score_claim, summarize_speed,
                               verdict_from_receipt)
@@ -368,11 +368,11 @@ _ENVELOPE = {"weights": {"id": "w", "files": [], "fully_pinned": True}, "environ
 
 def _sealed(r: dict) -> dict:
     """`tier --receipt` scores only sealed, valid receipts: complete the golden case's envelope and seal it
-    as a round would."""
-    from scoreboard.history.seal import make_seal
+    as a round would (signed by the session's key)."""
+    from scoreboard.history.seal import load_private_key, make_seal
 
     r = {**_ENVELOPE, **r}
-    return {**r, "seal": make_seal(r, "")}
+    return {**r, "seal": make_seal(r, "", load_private_key())}
 
 
 def _write(tmp_path: Path, name: str, i: int = 0) -> Path:
@@ -381,9 +381,23 @@ def _write(tmp_path: Path, name: str, i: int = 0) -> Path:
     r = _case(name, i)
     if r.get("verdict") is None:
         r["verdict"] = _golden(name)["cases"][i]["verdict"]
-    p = tmp_path / f"{name}-{i}.json"
+    p = tmp_path / "rounds" / f"{name}-{i}.json"
+    p.parent.mkdir(exist_ok=True)
     p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
+    _pinning_lock(tmp_path)
     return p
+
+
+def _pinning_lock(d: Path) -> Path:
+    """The lock beside rounds/ that `tier --receipt` reads the pinned signers from: it pins the session's key."""
+    import tomlkit
+    from receipt_factory import zero_slots
+
+    lock = d / "reference.lock"
+    if not lock.exists():
+        repo_lock = Path(__file__).resolve().parent.parent / "reference.lock"
+        lock.write_text(tomlkit.dumps(zero_slots(tomlkit.parse(repo_lock.read_text()))))
+    return lock
 
 
 def test_cli_receipt_prints_label_and_explanation(tmp_path, monkeypatch, capsys):
@@ -395,7 +409,9 @@ def test_cli_receipt_prints_label_and_explanation(tmp_path, monkeypatch, capsys)
 
 def test_cli_receipt_json_and_current_lock(tmp_path, monkeypatch, capsys, lock_path):
     p = _write(tmp_path, "stale_frontier")
-    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p), "--json", "--lock", str(lock_path))
+    lock = _pinning_lock(tmp_path)  # the repository's lock's policy, and the session's key pinned
+    assert load_lock(lock).targets == load_lock(lock_path).targets
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p), "--json", "--lock", str(lock))
     assert code == 0
     data = json.loads(out)
     assert data["verdict"]["label"] == "M" and data["policy"] == "lock"
@@ -405,8 +421,10 @@ def test_cli_receipt_json_and_current_lock(tmp_path, monkeypatch, capsys, lock_p
 def test_cli_reports_a_recorded_verdict_that_the_data_does_not_support(tmp_path, monkeypatch, capsys):
     r = _case("hand_seeded_frontier", 0)
     r["verdict"] = {"label": "XL", "reasons": []}  # sealed so (an older policy): scored, with the disagreement noted
-    p = tmp_path / "r.json"
+    p = tmp_path / "rounds" / "r.json"
+    p.parent.mkdir()
     p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
+    _pinning_lock(tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p))
     assert code == 0
     assert "the receipt records 'XL'; recomputed 'none'" in " ".join(out.split())

@@ -13,7 +13,8 @@ from receipt_factory import SCORED_SLOT, lock_with_test_target, make_receipt
 from scoreboard.history import ledger
 from scoreboard.lockfile import set_slot, update_lock
 from scoreboard.history.records import _seal_and_write, record_round
-from scoreboard.history.seal import generate_keypair
+from scoreboard.history.seal import generate_keypair, load_public_key, public_key_b64
+from signer_fixtures import pin_in
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,10 @@ def test_committed_repository_state_verifies_clean():
     out = scoreboard("verify", cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ok" in out.stdout
+    # with the signer pin in place: every record is signed by a pinned key or listed as sealed before the pin
+    report = json.loads(scoreboard("verify", "--json", cwd=REPO).stdout)
+    assert report["ok"] and len(report["pre_pin"]) + sum(report["signed"].values()) == report["receipts"] + \
+        report["calibrations"]
 
 
 def test_clean_history_verifies(history: Path):
@@ -124,12 +129,15 @@ def test_receipt_missing_its_ledger_line_is_found(history: Path):
 
 
 def test_public_key_requires_signed_receipts(tmp_path: Path):
+    """--public-key narrows the pinned signers to one: a record another pinned key signed is a finding too."""
     priv, pub = generate_keypair(tmp_path / "keys" / "signing.key")
     repo = tmp_path / "repo"
     repo.mkdir()
-    lock = lock_with_test_target(repo)
+    lock = pin_in(lock_with_test_target(repo), public_key_b64(load_public_key(pub)), "box-2")
     record_round(make_receipt(round_hex="0000000a"), repo / "rounds", lock, signing_key=priv)
     assert verify_json(repo, "--public-key", str(pub))[0] == 0
-    record_round(make_receipt(round_hex="0000000b", is_main=False), repo / "rounds", lock)  # unsigned
+    record_round(make_receipt(round_hex="0000000b", is_main=False), repo / "rounds", lock)  # the session's key
+    assert verify_json(repo)[0] == 0  # both keys are pinned
     rc, report = verify_json(repo, "--public-key", str(pub))
-    assert rc == 2 and found(report, "0000000b.json", "seal.signature") == ["missing (receipt is not signed)"]
+    assert rc == 2 and found(report, "0000000b.json", "seal.public_key") == [
+        "signed by a key other than the trusted public key"]

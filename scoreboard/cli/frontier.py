@@ -10,7 +10,7 @@ from rich.table import Table
 from ..history import frontier as fr
 from ..lockfile import load_lock
 from ..errors import NonCompliant
-from ..history.records import rechain, resume_round
+from ..history.records import recover
 from .console import console, print_json
 
 app = typer.Typer(help="Frontier and baseline slots: show them, lower one (logged), finish an interrupted round.",
@@ -61,9 +61,13 @@ def lower(
     rounds: str = _ROUNDS,
 ) -> None:
     """Lower a frontier slot: the explicit, reasoned, logged escape hatch (never done by a round)."""
+    from ..history import durable
+
+    durable.refuse_unsettled(rounds, lock)  # never log a lowering onto records a git step rolled back
     change = fr.lower_frontier(lock, slot, value, reason, receipt, rounds_dir=rounds, target=target)
+    saved = durable.save(rounds, lock, f"frontier lower {slot}")
     console.print(f"lowered {slot}: {change.before} -> {change.after} tok/s; logged with its reason as a "
-                  f"frontier-lower line in {rounds}/ledger.jsonl", highlight=False)
+                  f"frontier-lower line in {rounds}/ledger.jsonl; records saved: {saved.describe()}", highlight=False)
 
 
 @app.command("resume")
@@ -73,20 +77,29 @@ def resume(
     lock: Optional[str] = _LOCK,
     rounds: str = _ROUNDS,
 ) -> None:
-    """Finish a round interrupted after sealing, or re-chain every receipt the ledger lost whose place
-    in the chain its seal proves (with the frontier-raise lines between them)."""
-    if receipt is not None:
-        rec = resume_round(receipt, rounds, lock)
-        done = ", ".join(f"{c.slot} {c.before} -> {c.after}" for c in rec.changes) or "no slot changes"
-        console.print(f"round {rec.receipt['round_id']}: ledger line present; {done}", highlight=False)
+    """Restore records a git step lost (from the records ref), then finish a round interrupted after sealing, or
+    re-chain every receipt the ledger lost whose place in the chain its seal proves (with the frontier-raise lines
+    between them, and every raise an interrupt cut off); the records are saved again."""
+    rec = recover(rounds, lock or "reference.lock", receipt)
+    for line in rec.restored.written:
+        console.print(f"restored from the records ref: {line}", highlight=False)
+    for line in rec.restored.kept:
+        console.print(f"[dim]kept: {line}[/]", highlight=False)
+    if rec.resumed is not None:
+        done = ", ".join(f"{c.slot} {c.before} -> {c.after}" for c in rec.resumed.changes) or "no slot changes"
+        console.print(f"round {rec.resumed.receipt['round_id']}: ledger line present; {done}", highlight=False)
+        console.print(f"records saved: {rec.saved.describe()}", highlight=False)
         return
-    out = rechain(rounds, lock)
+    out = rec.rechained
+    if out is None:  # recover re-chains whenever no receipt is given
+        return
     for line in out.appended:
         console.print(f"appended: {line}", highlight=False)
     for c in out.lock_changes:
         console.print(f"lock: {c.slot} {c.before} -> {c.after}", highlight=False)
     console.print(f"re-chained: {len(out.appended)} ledger line(s) appended, {len(out.lock_changes)} slot(s) "
                   f"written, {len(out.orphaned)} receipt(s) left off", highlight=False)
+    console.print(f"records saved: {rec.saved.describe()}", highlight=False)
     if out.orphaned:
         for path, why in out.orphaned:
             console.print(f"[yellow]not re-chained:[/] {path}: {why}", highlight=False)

@@ -126,8 +126,11 @@ def show_cmd(
 ) -> None:
     """The target's latest sealed calibration (chain, file hash and seal checked), and whether `round run` may
     rely on it under the lock as it is now. Exit 2 when it may not."""
+    from rich.markup import escape
+
     from ..calibrate import check_calibration, latest_calibration
     from ..errors import InputError
+    from ..history.trust import Trust
     from ..lockfile import load_lock
 
     lk = load_lock(lock)
@@ -141,11 +144,15 @@ def show_cmd(
         print_json(rec)
         raise typer.Exit(0)
     render(rec)
+    standing = Trust.of(lk, lock).standing(rec, "calibration")
+    console.print(f"sealed: {escape(standing.describe())}" if standing.trusted else
+                  f"[bold red]UNTRUSTED[/]: {escape(standing.why)}", highlight=False)
     try:
-        check_calibration(lk, target, rounds)
+        check_calibration(lk, target, rounds, lock)
     except InputError as exc:
-        console.print(f"[bold red]`round run --target {target}` refuses it now[/]: {exc.message}", highlight=False)
-        console.print(f"  next: {exc.hint}", highlight=False)
+        console.print(f"[bold red]`round run --target {target}` refuses it now[/]: {escape(exc.message)}",
+                      highlight=False)
+        console.print(f"  next: {escape(exc.hint or '')}", highlight=False)
         raise typer.Exit(2) from None
     console.print(f"under {lock} as it is now, `round run --target {target}` relies on {rec['calibration_id']}",
                   highlight=False)

@@ -7,6 +7,7 @@ import sys
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from .. import __version__
 from ..errors import ScoreboardError
@@ -29,6 +30,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("report", "report"),
     ("reference", "reference"),
     ("gate", "gate"),
+    ("signer", "signer"),
+    ("records", "records"),
 ]
 
 EXIT_CODES = """Exit codes (every command): 0 ok; 1 error or refused input (nothing written); 2 a verdict-level
@@ -102,9 +105,9 @@ def run() -> None:
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except ScoreboardError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)  # a message is text, not markup
         if exc.hint:
-            err_console.print(f"[yellow]next:[/] {exc.hint}", highlight=False)
+            err_console.print(f"[yellow]next:[/] {escape(exc.hint)}", highlight=False)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

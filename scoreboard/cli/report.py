@@ -39,6 +39,7 @@ def command(
         console.print(f"wrote {out}: {len(rep.rounds)} round(s), {len(rep.steps)} ladder step(s), "
                       f"{len(rep.rounds) - len(bad)} receipt(s) verified", highlight=False)
     if bad or rep.verify_problems:
-        raise NonCompliant(f"{len(bad)} receipt(s) do not match their seal ({', '.join(bad) or 'none'}); verify: "
+        raise NonCompliant(f"{len(bad)} receipt(s) do not match their seal, or no pinned key vouches for them "
+                           f"({', '.join(bad) or 'none'}); verify: "
                            f"{len(rep.verify_problems)} problem(s) — the page marks them",
                            "run `scoreboard verify` and restore the named files from git")

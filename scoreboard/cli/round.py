@@ -165,6 +165,8 @@ def run_cmd(
         render(parsed, drift)
         if outcome.path:
             console.print(f"receipt: {outcome.path}")
+        if outcome.records:
+            console.print(f"records saved: {outcome.records}", highlight=False)
         elif seal and outcome.receipt["status"] == "verdict":
             console.print("[yellow]not sealed[/]: the target's weights are not fully pinned "
                           f"(next: `scoreboard pin weights --target {target} --revision <sha>`)")
@@ -191,8 +193,10 @@ def show_cmd(
                              f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
         path = matches[0]
     from ..history.sealed import read_sealed
+    from ..history.trust import near
 
-    parsed = read_sealed(path).receipt  # the seal before anything is rendered: exit 2 when edited/unsealed
+    # the seal and its signer before anything is rendered: exit 2 when edited, unsealed or untrusted
+    parsed = read_sealed(path, near(path.parent, lock if lock.is_file() else None)).receipt
     if json_out:
         print_json(parsed.model_dump(mode="json", by_alias=True))
         return

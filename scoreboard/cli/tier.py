@@ -51,7 +51,10 @@ def command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT."""
+    from rich.markup import escape
+
     from ..history.sealed import read_sealed
+    from ..history.trust import near
 
     if (receipt is None) == (claim is None):
         raise InputError("pass exactly one of --receipt FILE or --claim VALUE",
@@ -64,21 +67,27 @@ def command(
         out = {"verdict": verdict.as_dict(), "policy": "lock"}
     elif receipt is not None:
         # an unknown major is not ours to judge (exit 1); an edited or unsealed receipt is never scored as
-        # if measured (exit 2)
-        r = read_sealed(receipt).receipt
+        # if measured (exit 2); one no pinned key vouches for is scored as a claim, said so, exit 2
+        sealed = read_sealed(receipt)
+        r = sealed.receipt
+        standing = near(receipt.parent, lock).standing(sealed.raw, "round")
         tgt = load_lock(lock).target(r.target) if lock is not None else receipt_target(r)
         verdict = verdict_from_receipt(r, tgt)
         recorded = r.verdict.label if r.verdict else None
-        out = {"verdict": verdict.as_dict(), "policy": "lock" if lock else "receipt",
+        out = {"verdict": verdict.as_dict(), "policy": "lock" if lock else "receipt", "trusted": standing.trusted,
+               "sealed_by": standing.describe(),
                "recorded_label": recorded, "matches_recorded": None if recorded is None else recorded == verdict.label}
     if json_out:
         print_json(out)
     else:
+        if receipt is not None and not out["trusted"]:
+            console.print(f"[bold red]UNTRUSTED receipt[/]: {escape(str(out['sealed_by']))}; the label below is "
+                          "recomputed from a claim, not from a measurement", highlight=False)
         if receipt is not None:
             _speed_table(r, tgt)
         _show(verdict)
         if receipt is not None and out["matches_recorded"] is False:
             console.print(f"[yellow]note:[/] the receipt records {out['recorded_label']!r}; recomputed "
                           f"{verdict.label!r} under the {out['policy']} policy", highlight=False)
-    if not verdict.compliant:
+    if not verdict.compliant or out.get("trusted") is False:
         raise typer.Exit(2)

@@ -129,6 +129,18 @@ def plan(lock: Lock, receipt: Receipt, values: Mapping[str, float] | None = None
     return changes
 
 
+def late_plan(lock: Lock, receipt: Receipt, values: Mapping[str, float],
+              later: list[ledger.LedgerEntry]) -> list[SlotChange]:
+    """The slot changes a receipt still earns when its raise is written after `later` lines (an interrupted raise,
+    or a receipt re-chained late): frontiers it beats in `values` (the ledger's state now) unless a later line
+    lowered them (a lowering is deliberate: an older measurement never undoes it), and baselines only where no
+    later line re-measured them (an older reference measurement never replaces a newer one)."""
+    written = {c.slot for e in later for c in e.changes}
+    lowered = {c.slot for e in later if e.kind == "frontier-lower" for c in e.changes}
+    return [c for c in plan(lock, receipt, values)
+            if (c.kind == "frontier" and c.slot not in lowered) or (c.kind == "baseline" and c.slot not in written)]
+
+
 def apply(lock_path: str | os.PathLike[str], changes: list[SlotChange], receipt: Receipt,
           reason: str = "") -> None:
     """Write `changes` into the lock (comment-preserving, atomic). Refuses when a slot moved since planning."""
@@ -211,7 +223,7 @@ def _seal_sha256(data: Receipt) -> str:
 
 def _on_ledger(entries: list[ledger.LedgerEntry], rec: SealedReceipt) -> None:
     rid = rec.receipt.round_id
-    if not any(e.kind == "round" and e.round_id == rid and e.receipt_sha256 == rec.file_sha256 for e in entries):
+    if not any(ledger.is_round(e) and e.round_id == rid and e.receipt_sha256 == rec.file_sha256 for e in entries):
         raise NonCompliant(f"{rec.path}: round {rid} has no ledger line",
                            f"finish the round with `scoreboard frontier resume --receipt {rec.path}`")
 

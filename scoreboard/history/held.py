@@ -12,9 +12,11 @@ rounds/ (hiding, deleting, editing receipts) changes what the round judges with.
 
 What is refused (InputError naming the file and the next command, raised before the round starts so
 nothing is written): a broken ledger chain; a ledger line whose receipt file is missing, differs from
-the bytes the line recorded, fails its seal or embedded signature, or does not chain where the line
-says; a frontier slot of the target that no ledger line backs, that the ledger set to another value,
-or whose backing receipt did not measure it. An unverifiable basis is never skipped.
+the bytes the line recorded, fails its seal or embedded signature, is sealed by no key the lock pins (and
+is not listed as sealed before the signer pin: `trust`), or does not chain where the line says; a sealed
+receipt in rounds/ that no ledger line names (a round would seal over it: `scoreboard frontier resume`
+chains it first); a frontier slot of the target that no ledger line backs, that the ledger set to another
+value, or whose backing receipt did not measure it. An unverifiable basis is never skipped.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .ledger import LedgerEntry
 from ..lockfile import Lock
 from .receipt import Receipt, parse_receipt, validation_problems
 from .seal import check_seal, check_signature, sha256_hex
+from .trust import Trust
 
 _VERIFY = "run `scoreboard verify --lock {lock} --rounds {rounds}` to see the damage"
 
@@ -153,15 +156,19 @@ def load_history(rounds_dir: str | os.PathLike[str], lock: Lock, target_id: str,
         raise _fail(f"{lp}: the ledger chain is broken ({shown}{more}); a round never runs against tampered "
                     "history", verify_hint + "; restore rounds/ledger.jsonl from git")
     entries = [LedgerEntry.model_validate(json.loads(raw)) for raw in lines]
+    trust = Trust.of(lock, lock_path)
     held: dict[str, HeldReceipt] = {}
+    earlier = {""}  # the hashes of the lines before line n: where a round-late line's receipt may have been sealed
     for n, e in enumerate(entries, start=1):
         where = f"{lp}:{n}"
         path = rounds / f"{e.round_id}.json"
-        if e.kind == "round":
+        if ledger.is_round(e):
             if e.round_id in held:
                 raise _fail(f"{where}: a second round line for round {e.round_id}", verify_hint)
-            held[e.round_id] = _verified(path, e, n, where, verify_hint, lock_path, rounds)
+            held[e.round_id] = _verified(path, e, n, where, verify_hint, trust, earlier)
+            earlier.add(sha256_hex(lines[n - 1]))
             continue
+        earlier.add(sha256_hex(lines[n - 1]))
         h = held.get(e.round_id)
         if h is None:
             raise _fail(f"{where}: {e.kind} line for round {e.round_id} before (or without) its round line",
@@ -169,14 +176,40 @@ def load_history(rounds_dir: str | os.PathLike[str], lock: Lock, target_id: str,
         if sha256_hex(h.raw) != e.receipt_sha256:
             raise _fail(f"{where}: {e.kind} line records receipt_sha256 {e.receipt_sha256[:12]}… but {path} "
                         f"is {sha256_hex(h.raw)[:12]}…", verify_hint)
+    _refuse_unchained(rounds, held, lock_path)
     target = lock.target(target_id)
     mine = tuple(h for h in held.values() if h.target == target_id)
     return History(rounds, target_id, tuple(lines), mine, _ratchet(entries, held, target_id),
                    _frontier(lock, target, entries, held, lock_path, rounds, verify_hint))
 
 
-def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, lock_path: Any,
-              rounds: Path) -> HeldReceipt:
+def _refuse_unchained(rounds: Path, held: Mapping[str, HeldReceipt], lock_path: Any) -> None:
+    """A sealed receipt in rounds/ that no round line names: a round that sealed now would chain past it, and the
+    round it records (a raise included) would be lost for good."""
+    from .records import receipt_files
+
+    loose = [p for p in receipt_files(rounds) if p.stem not in held and _sealed(p)]
+    if loose:
+        names = ", ".join(p.name for p in loose[:3]) + (f" (and {len(loose) - 3} more)" if len(loose) > 3 else "")
+        raise _fail(f"{rounds}: {len(loose)} receipt(s) on no ledger line ({names}); a round never seals past a "
+                    "recorded round it has not chained",
+                    f"chain them first: `scoreboard frontier resume --lock {lock_path} --rounds {rounds}` (or, for a "
+                    f"file that is no receipt of this history, move it out of {rounds})")
+
+
+def _sealed(path: Path) -> bool:
+    """Whether the file holds a sealed receipt (a JSON object with a seal digest), whatever else is wrong with it;
+    other files in rounds/ are no round's record (`verify` names them)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    seal = data.get("seal") if isinstance(data, dict) else None
+    return isinstance(seal, dict) and isinstance(seal.get("sha256"), str) and "round_id" in data
+
+
+def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, trust: Trust,
+              earlier: set[str]) -> HeldReceipt:
     """The receipt a round line names, checked against that line and its own seal."""
     resume = (f"if the file was moved, put it back at {path}; a receipt is never rewritten (restore it from "
               f"git), then " + verify_hint)
@@ -197,12 +230,18 @@ def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, 
     seal = check_seal(data) + check_signature(data)
     if seal:
         raise _fail(f"{path}: seal does not verify ({'; '.join(f'{f}: {m}' for f, m in seal[:3])})", resume)
+    standing = trust.standing(data, "round")
+    if not standing.trusted:
+        raise _fail(f"{path}: UNTRUSTED ({standing.why}); a round never judges against history no pinned key "
+                    "vouches for", verify_hint)
     r = Receipt.model_validate(data)
     seal_sha, prev = (r.seal.sha256, r.seal.prev_ledger_sha256) if r.seal else ("", "")  # check_seal: present
     checks = [(r.round_id != e.round_id, f"round_id is {r.round_id!r}, the line says {e.round_id!r}"),
               (seal_sha != e.seal_sha256, "seal.sha256 differs from the line's seal_sha256"),
-              (prev != e.prev_sha256,
+              (e.kind == "round" and prev != e.prev_sha256,
                "sealed after a different ledger line than the one it follows (reordered)"),
+              (e.kind == "round-late" and prev not in earlier,
+               "a round-late line whose receipt was sealed after no earlier line of the ledger"),
               (r.target != e.target, f"target is {r.target!r}, the line says {e.target!r}")]
     for bad_, why in checks:
         if bad_:
@@ -213,7 +252,7 @@ def _verified(path: Path, e: LedgerEntry, n: int, where: str, verify_hint: str, 
 def _ratchet(entries: list[LedgerEntry], held: Mapping[str, HeldReceipt], target_id: str) -> RatchetBasis | None:
     """Main's last sealed verdict receipt of the target whose gate passed (every one is verified)."""
     for e in reversed(entries):
-        if e.kind != "round" or e.target != target_id or not e.is_main or e.status != "verdict":
+        if not ledger.is_round(e) or e.target != target_id or not e.is_main or e.status != "verdict":
             continue
         rec = held[e.round_id].receipt()
         if not rec.candidate.is_main or rec.gate is None or not rec.gate.pass_:

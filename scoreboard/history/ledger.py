@@ -1,8 +1,9 @@
 """rounds/ledger.jsonl: append-only, hash-chained, one canonical JSON line per recorded event.
 
-Line kinds: ``round`` (every sealed receipt, aborted ones included; changes nothing),
-``frontier-raise`` (slots a sealed main round raised/replaced; written before the lock) and
-``frontier-lower`` (the logged escape hatch). ``prev_sha256`` = sha256 of the previous line's bytes
+Line kinds: ``round`` (every sealed receipt, aborted ones included; changes nothing), ``round-late`` (the
+same, for a receipt re-chained after lines sealed later than it: its seal names the earlier line it was
+sealed after, its proven place), ``frontier-raise`` (slots a sealed main round raised/replaced; written
+before the lock) and ``frontier-lower`` (the logged escape hatch). ``prev_sha256`` = sha256 of the previous line's bytes
 without its newline ("" for line 1).
 Appends rewrite the whole file via temp + rename (atomic) and refuse to extend a broken chain.
 """
@@ -24,6 +25,7 @@ from .seal import canonical_bytes, sha256_hex
 M = TypeVar("M", bound=BaseModel)
 
 LEDGER_NAME = "ledger.jsonl"
+ROUND_KINDS = ("round", "round-late")  # the lines that record a round (exactly one per sealed receipt)
 
 
 class SlotChange(BaseModel):
@@ -42,7 +44,7 @@ class SlotChange(BaseModel):
 class LedgerEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["round", "frontier-raise", "frontier-lower"]
+    kind: Literal["round", "round-late", "frontier-raise", "frontier-lower"]
     round_id: str  # the round whose receipt backs this line
     date: str  # round: the receipt's created_at; frontier-*: when the slots were written (UTC)
     target: str
@@ -155,6 +157,11 @@ def read_entries(rounds_dir: str | os.PathLike[str]) -> list[LedgerEntry]:
 def read_ledger(rounds_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The ledger as plain dicts, oldest first ([] when there is none); NonCompliant if broken."""
     return [e.model_dump(mode="json") for e in read_entries(rounds_dir)]
+
+
+def is_round(e: LedgerEntry) -> bool:
+    """Whether the line records a round (``round`` or ``round-late``)."""
+    return e.kind in ROUND_KINDS
 
 
 def last_changes(entries: list[LedgerEntry]) -> dict[str, tuple[LedgerEntry, SlotChange]]:

@@ -16,13 +16,17 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from . import frontier, ledger
 from ..errors import InputError, NonCompliant
 from .ledger import LedgerEntry, SlotChange
 from .receipt import Receipt, normalize, parse_receipt, scored_metric
 from .seal import load_private_key, make_seal, sha256_hex
+
+if TYPE_CHECKING:
+    from .durable import Restored, Saved
+    from .rechain import Rechained
 
 DEFAULT_ROUNDS = "rounds"
 
@@ -148,223 +152,52 @@ def record_round(receipt: Mapping[str, Any], rounds_dir: str | os.PathLike[str] 
 
 def resume_round(receipt: str | os.PathLike[str], rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
                  lock_path: str | os.PathLike[str] | None = None) -> Recorded:
-    """Finish a round interrupted after its receipt was written: append its missing ``round`` line, then
-    raise/replace the slots it earned (a ``frontier-raise`` line already written is not repeated).
+    """Finish a round interrupted after its receipt was written: its missing ``round`` line, and the slots it
+    earned (a ``frontier-raise`` line already written is not repeated), whatever was recorded after it.
 
-    Every receipt the ledger lacks is re-chained first, with every other receipt whose place its seal
-    proves (`rechain`: also receipts sealed after a ``frontier-raise`` line the ledger lost). Slots are then
-    raised from it only when it is the ledger's last round: an older receipt's slot changes were
-    settled by the lines after it."""
+    Every receipt the ledger lacks is re-chained with it, and every interrupted raise finished (`rechain`)."""
+    from .rechain import rechain as _rechain
+
     with ledger.exclusive(rounds_dir):
         rec = frontier.recorded_receipt(receipt, rounds_dir)
     data, path, rid = rec.raw, rec.path, rec.receipt.round_id
-    done = rechain(rounds_dir, lock_path)
-    if not any(e.kind == "round" and e.round_id == rid for e in ledger.read_entries(rounds_dir)):
+    done = _rechain(rounds_dir, lock_path)
+    if not any(ledger.is_round(e) and e.round_id == rid for e in ledger.read_entries(rounds_dir)):
         why = next((w for p, w in done.orphaned if p.resolve() == path.resolve()), "")
         raise NonCompliant(f"{path}: cannot be re-chained: {why or 'sealed against another ledger head'}",
                            "this receipt is orphaned; record the round again")
-    rechained = done.lock_changes
-    last_round = next((e for e in reversed(ledger.read_entries(rounds_dir)) if e.kind == "round"), None)
-    changes = []
-    if lock_path is not None and last_round is not None and last_round.round_id == rid:
-        changes = frontier.raise_frontier(lock_path, path, rounds_dir)
-    return Recorded(path, data, changes or rechained)
+    return Recorded(path, data, done.raised.get(rid) or done.lock_changes)
+
+
+@dataclass
+class Recovered:
+    """What `recover` did: files restored from the records ref, lines re-chained, and where the result was saved."""
+
+    restored: Restored
+    saved: Saved
+    rechained: Rechained | None = None  # without a receipt: every receipt the ledger lacked
+    resumed: Recorded | None = None  # with a receipt: that round finished
+
+
+def recover(rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str],
+            receipt: str | os.PathLike[str] | None = None) -> Recovered:
+    """`scoreboard frontier resume`: restore what the working tree lost since the records were last saved
+    (`durable.restore`), re-chain every receipt the ledger lacks and finish every interrupted raise (or, with
+    `receipt`, that round: `resume_round`), bring the lock's slots to the ledger, then save the records again."""
+    from . import durable
+
+    restored = durable.restore(rounds_dir, lock_path)
+    resumed = resume_round(receipt, rounds_dir, lock_path) if receipt is not None else None
+    rechained = rechain(rounds_dir, lock_path) if receipt is None else None
+    return Recovered(restored, durable.save(rounds_dir, lock_path, "frontier resume"), rechained, resumed)
 
 
 # ----------------------------------------------------------------------------------------------
 # re-chaining receipts the ledger lost
 
-@dataclass
-class Rechained:
-    """What `rechain` appended and what it could not prove."""
-
-    appended: list[str] = field(default_factory=list)  # one line per ledger line written, in order
-    orphaned: list[tuple[Path, str]] = field(default_factory=list)  # receipts left off, and why
-    lock_changes: list[SlotChange] = field(default_factory=list)  # slots brought to the ledger's state
-
-
-@dataclass
-class _Orphan:
-    path: Path
-    data: Receipt  # sealed: its seal held when read
-    file_sha: str
-
-    @property
-    def prev(self) -> str:
-        return self.data.seal.prev_ledger_sha256 if self.data.seal else ""
-
-    @property
-    def rid(self) -> str:
-        return self.data.round_id
-
-
-_DATE_PLACEHOLDER = "9999-12-31T23:59:59Z"
-MAX_DATE_SEARCH_S = 45 * 86400  # how far past a round's start its lost raise line's time is searched
-
-
-def _stamp(ts: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _epoch(stamp: str) -> float:
-    import datetime as dt
-
-    return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-
-
-def _proven_date(entry: dict[str, Any], prev: str, lo: float, hi: float, wanted: set[str]) -> tuple[str, str] | None:
-    """The second in [lo, hi] at which the raise line `entry` (date unknown) hashes to one of `wanted`
-    (a later receipt's seal.prev_ledger_sha256): (date, that hash), or None. The seal of the receipt
-    sealed right after the line is the proof that the line, byte for byte, was there."""
-    model = LedgerEntry.model_validate({**entry, "date": _DATE_PLACEHOLDER, "prev_sha256": prev})
-    template = ledger.line_bytes(model.model_dump(mode="json"))
-    if template.count(_DATE_PLACEHOLDER.encode()) != 1:
-        return None
-    head, tail = template.split(_DATE_PLACEHOLDER.encode())
-    t = int(lo)
-    while t <= hi:
-        stamp = _stamp(t)
-        digest = sha256_hex(head + stamp.encode() + tail)
-        if digest in wanted:
-            return stamp, digest
-        t += 1
-    return None
-
-
-def _sealed_files(rounds_dir: Path) -> tuple[dict[str, _Orphan], list[tuple[Path, str]]]:
-    from .seal import check_signature, verify_sealed
-
-    good: dict[str, _Orphan] = {}
-    bad: list[tuple[Path, str]] = []
-    for path in receipt_files(rounds_dir):
-        raw = path.read_bytes()
-        try:
-            data = json.loads(raw)
-            parsed = parse_receipt(data, str(path))
-            verify_sealed(data, str(path))
-            sig = check_signature(data)
-            if sig:
-                raise NonCompliant(f"{path}: {sig[0][0]}: {sig[0][1]}")
-        except (ValueError, InputError, NonCompliant) as exc:
-            bad.append((path, getattr(exc, "message", str(exc)).splitlines()[0]))
-            continue
-        if path.stem != parsed.round_id:
-            bad.append((path, f"named {path.name} but its round id is {parsed.round_id}"))
-            continue
-        good[parsed.round_id] = _Orphan(path, parsed, sha256_hex(raw))
-    return good, bad
-
-
 def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
             lock_path: str | os.PathLike[str] | None = None) -> Rechained:
-    """Append to the ledger every sealed receipt under rounds_dir that it lacks and whose place in the
-    chain can be proven, with the ``frontier-raise`` lines between them, then bring the lock's slots to
-    the ledger's state.
+    """`rechain.rechain` (kept here: the round's records API)."""
+    from .rechain import rechain as _rechain
 
-    Proof: a receipt's seal names the ledger line it was sealed after (seal.prev_ledger_sha256). A
-    round line is rebuilt exactly from its receipt; a lost raise line is rebuilt from its receipt and
-    the slot state the ledger had reached, its time (the one field a receipt does not fix) found as
-    the second whose line hashes to the next receipt's prev_ledger_sha256. Receipts sealed after a
-    line that cannot be rebuilt (a ``frontier-lower`` line, whose reason no receipt holds; a hand
-    edit) stay off the ledger and are reported. The lock is written only to values some ledger line
-    set; a slot the ledger never held is left alone for `scoreboard verify` to report.
-    """
-    from ..lockfile import load_lock
-
-    rounds = Path(rounds_dir)
-    out = Rechained()
-    with ledger.exclusive(rounds):
-        entries = ledger.read_entries(rounds)  # never extend a broken chain
-        files, out.orphaned = _sealed_files(rounds)
-        on = {e.round_id for e in entries if e.kind == "round"}
-        orphans = {rid: o for rid, o in files.items() if rid not in on}
-        lock = load_lock(lock_path) if lock_path is not None else None
-        state = {slot: c.after for slot, (_, c) in ledger.last_changes(entries).items()}
-        pending: list[_Orphan] = []  # re-chained rounds whose slot changes no line records yet
-        raised = {e.round_id for e in entries if e.kind == "frontier-raise"}
-        if entries and entries[-1].kind == "round" and entries[-1].round_id in files \
-                and entries[-1].round_id not in raised:
-            pending.append(files[entries[-1].round_id])  # interrupted between its round and raise lines
-
-        def changes_of(o: _Orphan) -> list[SlotChange]:
-            return frontier.plan(lock, o.data, state) if lock is not None else []
-
-        def append_raise(o: _Orphan, ch: list[SlotChange], date: str | None, why: str) -> None:
-            entry = frontier._slot_entry("frontier-raise", o.data, o.path, ch, lock, values=state, date=date)
-            ledger.append(rounds, entry)
-            for c in ch:
-                state[c.slot] = c.after
-            out.appended.append(f"frontier-raise {o.rid} ({why})")
-
-        while True:
-            head = ledger.head_sha256(rounds)
-            nxt = sorted((o for o in orphans.values() if o.prev == head), key=lambda o: o.data.created_at)
-            if nxt:
-                o = nxt[0]
-                ledger.append(rounds, round_entry(o.data, o.file_sha))
-                out.appended.append(f"round {o.rid}")
-                del orphans[o.rid]
-                if changes_of(o):
-                    pending.append(o)
-                continue
-            wanted = {o.prev for o in orphans.values()}
-            proven = None
-            for p in pending if wanted else []:
-                ch = changes_of(p)
-                if not ch:
-                    continue
-                lo = _epoch(p.data.created_at)
-                hi = max(_epoch(o.data.created_at) + sum(o.data.stage_seconds.values()) + 600
-                         for o in orphans.values())
-                entry = frontier._slot_entry("frontier-raise", p.data, p.path, ch, lock, values=state)
-                hit = _proven_date(entry, head, lo, min(hi, lo + MAX_DATE_SEARCH_S), wanted)
-                if hit:
-                    proven = (p, ch, hit[0])
-                    break
-            if proven is None:
-                break
-            p, ch, date = proven
-            append_raise(p, ch, date, f"rebuilt, {date}, proven by the seal of the next receipt")
-            pending.remove(p)
-        # the chain ends here: slot changes of re-chained rounds that no later seal proves are
-        # recorded now, as raise_frontier would have recorded them
-        for p in pending:
-            ch = changes_of(p)
-            if ch:
-                append_raise(p, ch, None, "slot changes recorded now")
-        for o in sorted(orphans.values(), key=lambda o: o.data.created_at):
-            out.orphaned.append((o.path, f"sealed after ledger line {o.prev[:12]}…, which is not on the ledger "
-                                         "and cannot be rebuilt (a lost frontier-lower line, or a hand edit)"))
-        if lock_path is not None:
-            out.lock_changes = _lock_to_ledger(Path(lock_path), rounds)
-    return out
-
-
-def _lock_to_ledger(lock_path: Path, rounds: Path) -> list[SlotChange]:
-    """Write each slot the lock holds at a value the ledger had earlier (stale) to the ledger's last
-    value for it, with that line's provenance. Called with the rounds/ lock held."""
-    from ..lockfile import load_lock
-
-    entries = ledger.read_entries(rounds)
-    history: dict[str, set[float]] = {}
-    for e in entries:
-        for c in e.changes:
-            history.setdefault(c.slot, {0.0}).update({c.before, c.after})
-    lock = load_lock(lock_path)
-    by_round: dict[str, list[SlotChange]] = {}
-    for slot, (e, c) in ledger.last_changes(entries).items():
-        now = lock.slots[slot].value if slot in lock.slots else 0.0
-        s = lock.slots.get(slot)
-        if now == c.after and (s is None or s.round == e.round_id):
-            continue
-        if now != c.after and now not in history[slot]:
-            continue  # never a ledger value: a hand edit, left for `scoreboard verify`
-        by_round.setdefault(e.round_id, []).append(c.model_copy(update={"before": now}))
-    done: list[SlotChange] = []
-    for rid, changes in by_round.items():
-        path = receipt_path(rounds, rid)
-        frontier.apply(lock_path, changes, parse_receipt(json.loads(path.read_bytes()), str(path)))
-        done += changes
-    return done
+    return _rechain(rounds_dir, lock_path)

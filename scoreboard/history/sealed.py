@@ -2,7 +2,9 @@
 
 Order: read the JSON -> refuse a format this scoreboard does not read (InputError, exit 1: not ours to read)
 -> check the seal and an embedded signature (NonCompliant, exit 2: an edited or unsealed receipt is a
-claim, not a measurement) -> parse into the typed `Receipt` (InputError naming every bad field's path).
+claim, not a measurement) -> with the lock's pins (`trust.Trust`), who sealed it (NonCompliant, exit 2: a
+receipt no pinned key vouches for is UNTRUSTED) -> parse into the typed `Receipt` (InputError naming every
+bad field's path).
 The parsed model is what consumers read; the raw JSON stays next to it because the seal, the canonical
 bytes and the ledger's file hash are over exactly those bytes, never over a re-dump of the model.
 """
@@ -18,6 +20,7 @@ from typing import Any
 from ..errors import InputError, NonCompliant
 from .receipt import Receipt, parse_receipt, refuse_unknown_format
 from .seal import check_seal, check_signature, sha256_hex
+from .trust import Standing, Trust
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,25 @@ def require_sealed(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
                        f"restore it from git (`git checkout -- {path}`) and run `scoreboard verify`")
 
 
-def read_sealed(path: str | os.PathLike[str]) -> SealedReceipt:
-    """Read a receipt file, refuse an unknown format (exit 1), check the seal (exit 2), then parse it."""
+def require_trusted(data: dict[str, Any], path: str | os.PathLike[str], trust: Trust) -> Standing:
+    """NonCompliant (exit 2) unless a key `trust` pins sealed the receipt (or it is listed as sealed before the pin)."""
+    standing = trust.standing(data, "round")
+    if not standing.trusted:
+        raise NonCompliant(f"{path}: UNTRUSTED receipt ({standing.why}); its verdict is not shown — a record no "
+                           "pinned key vouches for is a claim, not a measurement",
+                           f"run `scoreboard verify --lock {trust.source}` (docs/signing.md: who may seal history)")
+    return standing
+
+
+def read_sealed(path: str | os.PathLike[str], trust: Trust | None = None) -> SealedReceipt:
+    """Read a receipt file, refuse an unknown format (exit 1), check the seal (exit 2) and, with `trust`, who
+    sealed it (exit 2), then parse it."""
     p = Path(path)
     data, raw = read_json_receipt(p)
     refuse_unknown_format(data, p)
     require_sealed(data, p)
+    if trust is not None:
+        require_trusted(data, p, trust)
     return SealedReceipt(p, data, parse_receipt(data, str(p)), sha256_hex(raw))
 
 
@@ -86,15 +102,16 @@ class ReceiptFile:
 
     path: Path
     raw: dict[str, Any] | None  # the JSON object, when the file holds one (shown even when its seal fails)
-    state: str  # "sealed" | "UNSEALED" | "TAMPERED" | "UNREADABLE"
+    state: str  # "sealed" | "UNSEALED" | "TAMPERED" | "UNTRUSTED" | "UNREADABLE"
     problems: list[tuple[str, str]]  # (field, message); empty when sealed
     sealed: SealedReceipt | None  # set exactly when state == "sealed"
+    standing: str = ""  # who sealed it, when judged: "signed by pinned key 'x'" | "sealed before the signer pin"
 
 
-def inspect_receipt(path: str | os.PathLike[str]) -> ReceiptFile:
+def inspect_receipt(path: str | os.PathLike[str], trust: Trust | None = None) -> ReceiptFile:
     """`read_sealed` for a page that lists every receipt: a receipt that cannot be used is reported, not raised.
     A file whose seal holds but whose content this scoreboard cannot read (a newer major format, or a field
-    the model refuses) is UNREADABLE."""
+    the model refuses) is UNREADABLE; with `trust`, one no pinned key vouches for is UNTRUSTED."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -106,9 +123,13 @@ def inspect_receipt(path: str | os.PathLike[str]) -> ReceiptFile:
     problems = seal_problems(data)
     if problems:
         return ReceiptFile(p, data, seal_state(problems), problems, None)
+    standing = trust.standing(data, "round") if trust is not None else None
+    if standing is not None and not standing.trusted:
+        return ReceiptFile(p, data, "UNTRUSTED", [("seal", standing.why)], None)
     try:
         refuse_unknown_format(data, p)
         parsed = parse_receipt(data, str(p))
     except InputError as exc:
         return ReceiptFile(p, data, "UNREADABLE", [("<content>", exc.message)], None)
-    return ReceiptFile(p, data, "sealed", [], SealedReceipt(p, data, parsed, sha256_hex(raw)))
+    return ReceiptFile(p, data, "sealed", [], SealedReceipt(p, data, parsed, sha256_hex(raw)),
+                       standing.describe() if standing is not None else "")

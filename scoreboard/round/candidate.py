@@ -88,7 +88,9 @@ def _git(args: list[str], cwd: Path, binary: bool = False):
 CANDIDATE_CODE = ("engines", "pyproject.toml")
 # The harness's own records in the checkout: every sealed round writes them (slots of the lock, receipts
 # and the ledger), so they never make a tree dirty. Everything else, untracked files included (an
-# untracked sitecustomize.py at the root runs in any Python started there), does.
+# untracked sitecustomize.py at the root runs in any Python started there), does. A pull request's commit
+# that changes them is refused (refuse_records_change), and a round's records are kept durable apart from the
+# work tree (scoreboard/history/durable.py), so no checkout or commit of the tree can lose them.
 HARNESS_RECORDS = ("rounds", "reference.lock")
 
 
@@ -151,7 +153,23 @@ def resolve(spec: str, scratch: Path, repo: Path = HARNESS_ROOT, main_branch: st
     except InputError:
         raise InputError(f"--candidate {spec!r} is neither 'main', an existing path, nor a git revision",
                          "pass --candidate main, a commit/branch of this repository, or a path to a checkout") from None
+    refuse_records_change(spec, commit, repo, main_branch)
     return export(commit, spec, False, scratch, repo)
+
+
+def refuse_records_change(spec: str, commit: str, repo: Path, main_branch: str) -> None:
+    """A pull request's commit that changes the harness's records (HARNESS_RECORDS) relative to main is refused:
+    graded, merged, or checked out, it would carry ledger lines and slots that no round of it sealed."""
+    base = _git(["merge-base", branch_ref(main_branch, repo), commit], repo)
+    changed = _git(["diff", "--name-only", "--no-renames", base, commit, "--", *HARNESS_RECORDS], repo).splitlines()
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" (and {len(changed) - 5} more)" if len(changed) > 5 else "")
+        raise InputError(f"--candidate {spec}: commit {commit[:12]} changes the harness's records relative to "
+                         f"{main_branch} ({base[:12]}): {shown}; only a round writes rounds/ and the lock's slots, and a "
+                         "pull request carries engine code",
+                         f"take those paths out of the commit (`git checkout {main_branch} -- {' '.join(changed[:5])}` "
+                         "and commit), then grade it again; a policy change to reference.lock is its own reviewed "
+                         "pull request, checked by `scoreboard verify --base`")
 
 
 def contract_version(commit: str, repo: Path = HARNESS_ROOT) -> int:

@@ -46,7 +46,7 @@ def verified_receipts_newest_first(rounds_dir: Path):
     if not rounds_dir.is_dir():
         return
     for entry in reversed(read_entries(rounds_dir)):  # NonCompliant when the chain is broken
-        if entry.kind != "round":
+        if entry.kind not in ("round", "round-late"):
             continue
         path = rounds_dir / f"{entry.round_id}.json"
         try:

@@ -21,7 +21,9 @@ from pydantic import ValidationError
 from .. import environment
 from ..cache import cache_dir as default_cache_dir
 from ..errors import EngineError, InputError, ScoreboardError, TransientError
+from ..history import durable
 from ..history.held import History, load_history
+from ..history.trust import pinned_signing_key
 from ..history.receipt import (FORMAT_VERSION, Aborted, CalibrationRef, EnvironmentRec, FitRec, GateRec, Receipt,
                                ReferenceSide, Retry, Side, SpeedRec, Verdict, WeightsRec, new_round_id, parse_receipt,
                                utc_now, validation_messages)
@@ -96,6 +98,7 @@ class RoundOutcome:
     path: Path | None
     exit_code: int
     frontier_change: Any = None
+    records: str | None = None  # where the sealed round's records were saved (durable.Saved.describe)
 
     def parsed(self) -> Receipt:
         """The receipt as its typed model (InputError naming every problem when it does not validate)."""
@@ -281,6 +284,7 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     # History (ratchet basis, frontier, ledger tip) is read and verified here, before any candidate
     # code runs, and held: a broken ledger refuses the round with nothing written.
     history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
+    durable.refuse_unsettled(opts.rounds_dir, opts.lock_path)  # records a git step rolled back: nothing written
     # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
     scratch = sandbox.new_scratch_root()
     try:
@@ -308,6 +312,8 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     main_src = None if src.is_main else where.main_arm(scratch, branch)
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
+    if opts.seal:  # what it seals must be signed by a key the lock pins, or it would be untrusted history
+        pinned_signing_key(lock, opts.lock_path, [Path.cwd(), opts.rounds_dir.resolve().parent])
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     frontier_src, frontier_note = _frontier_source(history, where, scratch) if src.is_main else (None, None)
@@ -499,7 +505,7 @@ def _calibration(opts: RoundOptions, lock: Lock) -> dict[str, Any]:
     lock.target(opts.target)
     if not opts.require_calibration:
         return skipped("RoundOptions.require_calibration is False (a test round): no calibration was checked")
-    return check_calibration(lock, opts.target, opts.rounds_dir)
+    return check_calibration(lock, opts.target, opts.rounds_dir, opts.lock_path)
 
 
 def _verdict(rnd: Round) -> None:
@@ -559,7 +565,19 @@ def _finish(rnd: Round) -> RoundOutcome:
             from ..history.frontier import raise_frontier
 
             change = raise_frontier(rnd.opts.lock_path, path, rnd.opts.rounds_dir)
+        return RoundOutcome(r, path, _exit_code(receipt), change, _durable(rnd, path).describe())
     return RoundOutcome(r, path, _exit_code(receipt), change)
+
+
+def _durable(rnd: Round, path: Path) -> durable.Saved:
+    """The sealed round's records committed to the records ref before the round reports success."""
+    try:
+        return durable.save(rnd.opts.rounds_dir, rnd.opts.lock_path, f"round {rnd.round_id}")
+    except ScoreboardError as exc:
+        raise ScoreboardError(f"the round is sealed ({path}) and on the ledger, but its records were not saved to "
+                              f"{durable.locate(rnd.opts.rounds_dir).describe()}: {exc.message}",
+                              f"fix the cause, then `scoreboard frontier resume --lock {rnd.opts.lock_path} --rounds "
+                              f"{rnd.opts.rounds_dir}` saves them") from exc
 
 
 def _validated(rnd: Round) -> Receipt:
