@@ -204,10 +204,6 @@ class GatePolicy(_Model):
     # the noise floor's second precision ("" = derived: float64 on cpu; on cuda float16, or float32 when
     # the candidate itself computes in a 16-bit dtype)
     noise_dtype: Literal["", "float64", "float32", "float16", "bfloat16"] = ""
-    # nats: a timed rep's per-token log-probs may differ from the checked run's of the same variant by at most this
-    # (the same engine on the same inputs; a path taken only when timed moves them far more), and a step's
-    # log-probs from its own logits rows' (the engine's arithmetic vs the harness's float64)
-    logprob_tol: float = Field(default=1e-3, gt=0)
 
     @model_validator(mode="after")
     def _bars(self) -> "GatePolicy":
@@ -248,6 +244,11 @@ class SpeedPolicy(_Model):
     # the secret each decode rep reveals when its clock starts, in bits: the prompt's last K tokens, K the fewest
     # normal tokens that hold it (scoreboard.round.reveal), so no untimed begin() can enumerate the continuations
     reveal_bits: int = Field(default=40, ge=1, le=256)
+    # nats: a timed rep's per-token log-probs may differ from the checked run's of the same variant by at most this
+    # (the same engine on the same inputs; a path taken only when timed moves them far more), and a step's
+    # log-probs from its own logits rows' (the engine's arithmetic vs the harness's float64). A speed policy, not
+    # a gate bar: it holds the timed path to the checked one, and leaves the calibrated bars as they are
+    logprob_tol: float = Field(default=1e-3, gt=0)
 
 
 class FitPolicy(_Model):

@@ -286,9 +286,9 @@ class GateStage:
                               f"[{len(o)}, vocab]"]
             own = log_softmax64(rows)[np.arange(len(o)), np.asarray(o)]
             dev = float(np.max(np.abs(own - np.asarray(lp, dtype=np.float64))))
-            if not np.all(np.argmax(rows, axis=-1) == np.asarray(o)) or dev > pol.logprob_tol:
+            if not np.all(np.argmax(rows, axis=-1) == np.asarray(o)) or dev > self.ctx.target.speed.logprob_tol:
                 return None, [f"{key} variant {v}: the log-probs or ids step() returned are not its own logits "
-                              f"rows' (log-prob deviation {dev:.3g} > logprob_tol {pol.logprob_tol}, or an id is "
+                              f"rows' (log-prob deviation {dev:.3g} > logprob_tol {self.ctx.target.speed.logprob_tol}, or an id is "
                               "not its row's argmax)"]
             rows_all.append(rows)
         self.checked_lp[key] = [list(map(float, lp)) for lp in lps if lp is not None]
@@ -510,7 +510,7 @@ class SpeedStage:
     def check_outputs(self, entry: SpeedMetric, var: Variants) -> tuple[dict[str, ArmRec], bool, float | None]:
         """(the metric's arms with their output checks, whether the candidate's timed outputs equal the gate's
         checked output of each rep's variant, the largest deviation of a timed rep's log-probs from the checked
-        run's). The candidate's timed reps must reproduce both the checked ids and, within gate.logprob_tol nats,
+        run's). The candidate's timed reps must reproduce both the checked ids and, within speed.logprob_tol nats,
         the checked log-probs: a path taken only when timed (an expert dropped, a cache reused) moves the log-probs
         even where the greedy ids agree. Another harness-clocked arm (main, frontier: other commits, not graded by
         this round's gate) must give one output per variant in every block, and that output must pass the
@@ -527,7 +527,7 @@ class SpeedStage:
             if arm.name == "candidate":
                 timed_ok = all(ids == want[v] for b in blocks for v, ids in zip(b.variants or [], b.token_ids or []))
                 dev = self.logprob_deviation(blocks, var)
-                timed_ok = timed_ok and dev is not None and dev <= self.ctx.target.gate.logprob_tol
+                timed_ok = timed_ok and dev is not None and dev <= self.ctx.target.speed.logprob_tol
                 continue
             arms[arm.name] = arms[arm.name].model_copy(update={"output_check": self.output_check(blocks, var, want)})
         return arms, timed_ok, dev
