@@ -79,11 +79,8 @@ class WorkerClient:
         ctx = self.ctx
         res = run_worker(ctx.target.candidate_engine, root or self.root(), target or self.target, ctx.cache_dir, op,
                          timeout_s or ctx.target.speed.timeout_s, workdir=ctx.scratch, env=ctx.device_env(),
-                         session=session, isolation=ctx.isolation, harness_engine=harness_engine)
-        if self.log.binds is None and res.isolation and res.isolation.get("binds"):
-            from .sandbox import receipt_binds
-
-            self.log.binds = receipt_binds(res.isolation)
+                         session=session, isolation=ctx.isolation, harness_engine=harness_engine,
+                         logs_dir=ctx.logs_dir, on_launch=self.log.record_launch)
         self.log.command(res.base_command + [f"<{op.kind}>"])
         if res.result.ranks is not None:
             self.check_ranks(res.result.ranks)

@@ -147,7 +147,7 @@ class Round:
             scratch=scratch, rounds_dir=opts.rounds_dir, isolation=opts.isolation,
             candidate_options=self.candidate_options, report=report, allow_node_mismatch=opts.allow_node_mismatch,
             renew_reference_anchor=opts.renew_reference_anchor, reference_source=opts.reference_source,
-            blocks=opts.blocks, reps=opts.reps)
+            blocks=opts.blocks, reps=opts.reps, round_id=self.round_id)
         self.log = RoundLog()
         self.sources = sources
         self.history = history
@@ -211,6 +211,8 @@ class Round:
             env["isolation"] = dict(self.isolation)
             if self.log.binds is not None and "binds" not in env["isolation"]:
                 env["isolation"]["binds"] = self.log.binds
+            for k, v in (self.log.sandbox or {}).items():
+                env["isolation"].setdefault(k, v)
         if self.fit is not None:
             env["fit"] = self.fit
         if self.log.ranks is not None:
