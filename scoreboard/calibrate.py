@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -270,16 +271,18 @@ def _depth_numbers(result: Any) -> list[dict[str, Any]]:
 
 def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> CalibrationOutcome:
     """Measure, summarize, seal and record (unless opts.seal is False). Bad input raises before any engine runs."""
-    from .round import sandbox
+    from .round import ready, sandbox
 
     scratch = sandbox.new_scratch_root()  # private to this calibration: the arm's export, every launch's dir
+    reserve = ready.SealReserve()  # the seal's space, held from before the first measurement until it writes
     try:
-        return _run_calibration(opts, report, scratch)
+        return _run_calibration(opts, report, scratch, reserve)
     finally:
+        reserve.release()
         sandbox.remove_tree(scratch)
 
 
-def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) -> CalibrationOutcome:
+def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) -> CalibrationOutcome:
     from .round import candidate as cand_mod
     from .round.run import Round, RoundOptions, Sources, preflight
     from .round.stages import GateStage
@@ -299,6 +302,9 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
         if not os.access(opts.rounds_dir, os.W_OK):
             raise InputError(f"{opts.rounds_dir}: not writable; the calibration record could not be sealed there",
                              "pass --out DIR of a writable rounds directory")
+        from .round.ready import RESERVE_MIN_BYTES
+
+        reserve.hold([opts.rounds_dir], RESERVE_MIN_BYTES)
     t_start = time.perf_counter()
     created = utc_now()
     stage_seconds: dict[str, float] = {}
@@ -407,14 +413,27 @@ def _run_calibration(opts: CalibrationOptions, report: Report, scratch: Path) ->
     if opts.seal:
         report("stage", name="seal")
         try:
+            reserve.release()  # the space held since before the first measurement, for the writes below
             path = write_record(record, opts.rounds_dir)
         except Exception as exc:  # what was measured is never lost: the unsealed record is kept and named
-            keep = opts.cache_dir / "calibrations-unsealed" / f"{record['calibration_id']}.json"
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            keep.write_bytes(file_bytes(record))
-            raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
-                             "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
+            raise _unsealed(record, opts, exc) from exc
     return CalibrationOutcome(record, path, problems)
+
+
+def _unsealed(record: dict[str, Any], opts: CalibrationOptions, exc: Exception) -> InputError:
+    """The error of a calibration whose record could not be sealed, after keeping the record wherever it can go
+    (the cache, the system temp dir, the user's home; when none takes it, the error carries it as JSON)."""
+    from .round.ready import keep_first
+
+    places = [opts.cache_dir / "calibrations-unsealed", Path(tempfile.gettempdir()) / "scoreboard-unsealed",
+              Path.home() / "scoreboard-unsealed"]
+    data = file_bytes(record)
+    keep, failed = keep_first(data, f"{record['calibration_id']}.json", places)
+    where = (f"the unsealed record is at {keep}" if keep is not None else
+             f"the unsealed record could not be written anywhere ({'; '.join(failed)}); it follows:\n"
+             + data.decode())
+    return InputError(f"sealing the calibration failed ({exc}); {where}",
+                      "fix the cause and re-run the calibration (an unsealed record is not relied on)")
 
 
 def _forbidden_roots(rounds_dir: str | os.PathLike[str]) -> list[Path]:

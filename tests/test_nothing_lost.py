@@ -209,3 +209,147 @@ def test_a_seal_that_fails_after_the_speed_stage_keeps_the_complete_receipt(lock
     from scoreboard.history.records import receipt_files
 
     assert receipt_files(tmp_path / "rounds") == []
+
+
+# ----------------------------------------------------------------------------------------------
+# a full disk: the seal's reserve, and every place an unsealed receipt can go (real full filesystems)
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """make(name, size): a directory of tmp_path with a tmpfs of `size` bytes of its own (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    from scoreboard.round import limits
+
+    mounted: list[Path] = []
+
+    def make(name: str, size: int) -> Path:
+        p = tmp_path / name
+        p.mkdir()
+        why = limits.mount_tmpfs(p, size)
+        if why:
+            pytest.skip(f"cannot mount a tmpfs here: {why}")
+        mounted.append(p)
+        return p
+
+    yield make
+    for p in mounted:
+        limits.unmount(p)
+
+
+def fill(d: Path) -> None:
+    """Write into `d` until its filesystem has no byte left (ENOSPC at every chunk size down to one byte)."""
+    with open(d / f".filler-{len(list(d.glob('.filler-*')))}", "wb", buffering=0) as fh:
+        for chunk in (MIB, 4096, 1):
+            try:
+                while True:
+                    fh.write(b"\0" * chunk)
+            except OSError:
+                continue
+    assert shutil.disk_usage(d).free < 4096
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """The fast toy round (tests/test_round_fast.py's engines, lock and candidate repository)."""
+    import test_round_fast as fast
+
+    from scoreboard import registry
+
+    registry.inject("toy", "engines.toy.engine:ToyEngine")
+    registry.inject_options("toy", fast.toy_engine.ToyOptions)
+    registry.inject("toy-ref", fast.toy_engine.ToyReference)
+    repo = tmp_path / "repo"
+    (repo / "engines" / "toy").mkdir(parents=True)
+    (repo / "engines" / "__init__.py").write_text("")
+    (repo / "engines" / "toy" / "__init__.py").write_text("")
+    shutil.copyfile(Path(fast.toy_engine.__file__), repo / "engines" / "toy" / "engine.py")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "toy main"]):
+        fast.git(repo, *args)
+    lock = tmp_path / "toy.lock"
+    doc = fast.zero_slots(fast.tomlkit.parse((REPO / "reference.lock").read_text()))
+    doc["targets"][fast.TARGET] = fast.tomlkit.parse(fast.TOY_TARGET)["targets"][fast.TARGET]
+    lock.write_text(fast.tomlkit.dumps(doc))
+    yield {"repo": repo, "lock": lock, "target": fast.TARGET}
+    registry.uninject("toy")
+    registry.uninject("toy-ref")
+
+
+def _toy_round(toy, rounds: Path, cache: Path, report=None):
+    from scoreboard.lockfile import load_lock
+    from scoreboard.weights.verify import ensure_generated
+
+    ensure_generated(load_lock(REPO / "reference.lock"), "k3-mini", cache)
+    opts = RoundOptions(target=toy["target"], lock_path=toy["lock"], rounds_dir=rounds, cache_dir=cache, seed=5,
+                        repo=toy["repo"], isolation="none", require_calibration=False, update_frontier=False)
+    return run_round(opts, report or (lambda *a, **k: None))
+
+
+def test_a_disk_that_fills_during_the_round_still_takes_the_seal(toy, small_fs, tmp_path):
+    """2026-12-02: with rounds/ on a full disk the seal failed, every fallback failed, traceback, no record.
+    The space the seal needs is reserved at preflight and released just before the seal writes."""
+    rounds = small_fs("rounds", 96 * MIB)  # preflight wants 64 MiB free
+    filled: list[str] = []
+
+    def report(kind, **kw):
+        if kind == "stage" and kw.get("name") == "seal":  # the disk fills while the round measured
+            fill(rounds)
+            filled.append("rounds")
+
+    out = _toy_round(toy, rounds, tmp_path / "cache", report)
+    assert filled == ["rounds"] and out.path is not None and out.path.is_file()
+    r = out.receipt
+    held = r["provenance"]["ready"]["seal_reserve"]
+    assert held["files"] == 1 and held["bytes"] >= ready.RESERVE_MIN_BYTES
+    from scoreboard.history.verify import verify
+
+    assert verify(toy["lock"], rounds).ok
+    assert not list(rounds.glob(f"{ready.RESERVE_PREFIX}*")) and not (rounds / "unsealed").exists()
+
+
+def test_a_disk_too_full_even_for_the_reserve_keeps_the_receipt_elsewhere_or_on_stderr(toy, small_fs, tmp_path,
+                                                                                        monkeypatch):
+    """The seal fails anyway (here a reserve smaller than the receipt, on a disk that is really full): the complete
+    receipt goes to the first place that takes it; when each of them is full too, the error carries it and says
+    it follows on stderr."""
+    monkeypatch.setattr(ready, "seal_bytes", lambda *_a: 4096)  # too small for any receipt
+    rounds, cache, tmp, home = (small_fs("rounds", 96 * MIB), small_fs("cache", 64 * MIB), small_fs("tmp", MIB),
+                                small_fs("home", MIB))
+    monkeypatch.setenv("HOME", str(home))
+
+    def report(kind, **kw):
+        if kind == "stage" and kw.get("name") == "seal":
+            for d in (rounds, cache, tmp, home):
+                fill(d)
+            monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+
+    with pytest.raises(UnsealedReceipt) as exc:
+        _toy_round(toy, rounds, cache, report)
+    e = exc.value
+    assert e.path is None and e.receipt is not None and e.receipt["speed"]["metrics"]  # the measurements themselves
+    for place in ready.unsealed_places(rounds, cache):
+        assert f"{place / e.receipt['round_id']}.json: No space left on device" in e.message, e.message
+    assert "could not be written anywhere" in e.message and "it follows on stderr as JSON" in e.message
+    assert not list(rounds.glob("*.json"))
+
+
+def test_the_cli_prints_a_receipt_no_place_took_to_stderr(monkeypatch, capsys):
+    from cli_helpers import run_cli
+
+    from scoreboard.round import run as run_mod
+
+    kept = {"round_id": "20261202T000000Z-k3-mini-cpu-00000000", "speed": {"metrics": [{"phase": "decode"}]}}
+
+    def refuse(opts, report):
+        raise UnsealedReceipt("sealing failed: No space left on device; the complete unsealed receipt could not be "
+                              "written anywhere (...): it follows on stderr as JSON", None, None, kept)
+
+    monkeypatch.setattr(run_mod, "run_round", refuse)
+    code, out, err = run_cli(monkeypatch, capsys, "round", "run", "--target", TARGET)
+    assert code == 1
+    start = err.index("{")
+    assert json.loads(err[start:err.index("\n}\n", start) + 2]) == kept
+    assert "it follows on stderr as JSON" in " ".join(err.split())

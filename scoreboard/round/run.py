@@ -78,13 +78,16 @@ class RoundOptions:
 
 
 class UnsealedReceipt(ScoreboardError):
-    """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record)."""
+    """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record), or
+    is None when no place could take it: then `receipt` is all there is, and the CLI prints it to stderr."""
 
-    def __init__(self, message: str, path: Path, cause_hint: str | None = None):
+    def __init__(self, message: str, path: Path | None, cause_hint: str | None = None,
+                 receipt: dict[str, Any] | None = None):
         super().__init__(message, (f"{cause_hint}; then " if cause_hint else "fix the cause named above; then ")
                          + "run the round again (an unsealed receipt is kept for inspection, it is not a measurement "
                          "of record)")
         self.path = path
+        self.receipt = receipt
 
 
 @dataclass
@@ -170,6 +173,7 @@ class Round:
         self.aborted: Aborted | None = None
         self.retries: list[Retry] = []
         self.stage_seconds: dict[str, float] = {}
+        self.reserve: ready.SealReserve | None = None  # released just before the seal writes
         self.provenance: dict[str, Any] = {"candidate_options": {
             "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
             "effective": dict(self.candidate_options)}}
@@ -282,13 +286,16 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     history = load_history(opts.rounds_dir, lock, opts.target, opts.lock_path)
     # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
     scratch = sandbox.new_scratch_root()
+    reserve = ready.SealReserve()  # the seal's space, held from preflight until the seal writes
     try:
-        return _run(opts, lock, report, history, scratch)
+        return _run(opts, lock, report, history, scratch, reserve)
     finally:
+        reserve.release()
         sandbox.remove_tree(scratch)
 
 
-def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scratch: Path) -> RoundOutcome:
+def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scratch: Path,
+         reserve: ready.SealReserve) -> RoundOutcome:
     branch = lock.main_branch
     # Resolving the arms reads only the user's spec and the harness's own git repo: a typo here (a commit
     # or branch that does not exist, a directory that is no checkout, main off the main branch) is an input
@@ -298,10 +305,15 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     main_src = None if src.is_main else cand_mod.resolve_main_arm(scratch, opts.repo, branch)
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
+    if opts.seal:
+        ready_record["seal_reserve"] = reserve.hold(
+            [opts.rounds_dir] + ([Path(opts.lock_path).absolute().parent] if opts.update_frontier else []),
+            ready.seal_bytes(opts.rounds_dir, opts.lock_path))
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     frontier_src, frontier_note = _frontier_source(history, opts, scratch) if src.is_main else (None, None)
     rnd = Round(opts, lock, report, scratch, Sources(src, main_src, frontier_src), history)
+    rnd.reserve = reserve
     rnd.calibration = CalibrationRef.model_validate(calibration)
     rnd.provenance["ready"] = ready_record
     if frontier_note:
@@ -519,12 +531,12 @@ def _finish(rnd: Round) -> RoundOutcome:
         try:
             if rnd.history is not None:
                 rnd.history.check_extends(rnd.opts.rounds_dir)
+            if rnd.reserve is not None:
+                rnd.reserve.release()  # the space held since preflight, for the writes below
             path = write_receipt(r, rnd.opts.rounds_dir)
         except Exception as exc:  # whatever broke the seal, what was measured is kept
-            saved = ready.save_unsealed(r, rnd.opts.rounds_dir, rnd.opts.cache_dir)
             cause = exc.message if isinstance(exc, ScoreboardError) else f"{type(exc).__name__}: {exc}"
-            raise UnsealedReceipt(f"sealing failed: {cause}; the complete unsealed receipt is saved at {saved}",
-                                  saved, getattr(exc, "hint", None)) from exc
+            raise _unsealed(f"sealing failed: {cause}", r, rnd, getattr(exc, "hint", None)) from exc
         if receipt.status == "verdict" and receipt.candidate.is_main and rnd.opts.update_frontier:
             from ..history.frontier import raise_frontier
 
@@ -537,10 +549,18 @@ def _validated(rnd: Round) -> Receipt:
     try:
         return rnd.assemble()
     except ValidationError as exc:
-        saved = ready.save_unsealed(rnd.draft(), rnd.opts.rounds_dir, rnd.opts.cache_dir)
         problems = validation_messages(exc)
-        raise UnsealedReceipt(f"the round's receipt is not valid ({len(problems)} problem(s): {'; '.join(problems)}); "
-                              f"the unsealed receipt is saved at {saved}", saved) from None
+        raise _unsealed(f"the round's receipt is not valid ({len(problems)} problem(s): {'; '.join(problems)})",
+                        rnd.draft(), rnd) from None
+
+
+def _unsealed(what: str, receipt: dict[str, Any], rnd: Round, hint: str | None = None) -> UnsealedReceipt:
+    """The error of a round whose receipt could not be sealed, after saving the receipt wherever it can go."""
+    saved, failed = ready.save_unsealed(receipt, rnd.opts.rounds_dir, rnd.opts.cache_dir)
+    if saved is not None:
+        return UnsealedReceipt(f"{what}; the complete unsealed receipt is saved at {saved}", saved, hint, receipt)
+    return UnsealedReceipt(f"{what}; the complete unsealed receipt could not be written anywhere "
+                           f"({'; '.join(failed)}): it follows on stderr as JSON", None, hint, receipt)
 
 
 def _exit_code(r: Receipt) -> int:
