@@ -130,6 +130,14 @@ class SparkInferEngine(Engine):
         if o.get("crash"):
             print("the engine's last words before it crashes", flush=True)
             os._exit(3)
+        if o.get("log_symlink"):  # the harness reads the log's tail into its error: point it at a host file
+            os.unlink("worker.log")
+            os.symlink(o["log_symlink"], "worker.log")
+            os._exit(3)
+        if o.get("logits_path"):  # the worker's own code, patched in its process: a result naming a host file
+            import scoreboard.worker.serve as serve
+            real = serve._logits
+            serve._logits = lambda *a, **k: [f.model_copy(update={"path": o["logits_path"]}) for f in real(*a, **k)]
         return Prepared(EngineIdentity(engine="sparkinfer", version="limits", source={}, extra={"seen": seen}), None)
 
     def logits(self, prepared, request):
@@ -319,6 +327,26 @@ def test_a_failed_launch_keeps_its_log_outside_the_round_s_scratch(engine_root, 
     assert "the engine's last words before it crashes" in logs[0].read_text()
     sandbox.remove_tree(scratch_root)
     assert logs[0].exists()  # the round's scratch is gone, the log is not
+
+
+def test_the_parent_never_follows_a_link_or_loads_a_file_from_outside_the_launch(engine_root, scratch_root, tmp_path):
+    """The scratch dir is the sandbox's: a worker can replace its log by a symlink to a host file the harness (root)
+    could read, whose tail would land in the error and the sealed receipt's abort reason; or name a host file as
+    its logits. The parent reads the log without following links, and loads logits only from the launch's dir."""
+    secret = tmp_path / "signing.key"
+    secret.write_text("PRIVATE-KEY-MATERIAL\n")
+    secret.chmod(0o600)
+    with pytest.raises(EngineError) as exc:
+        _run(engine_root, scratch_root, tmp_path, log_symlink=str(secret))
+    assert "PRIVATE-KEY-MATERIAL" not in exc.value.message and "crashed with exit 3" in exc.value.message
+    kept = list((tmp_path / "cache").rglob("*.log"))
+    assert len(kept) == 1 and f"log {kept[0]}" in exc.value.message and "was not a regular file" in kept[0].read_text()
+    import numpy as np
+
+    host = tmp_path / "reference-logits.npy"
+    np.save(host, np.zeros((1, 8), np.float32))
+    with pytest.raises(EngineError, match=r"named logits files that are not regular files of its own scratch dir"):
+        _run(engine_root, scratch_root, tmp_path, logits_path=str(host))
 
 
 def test_the_dropper_refuses_what_it_cannot_do():

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
-import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,18 +100,36 @@ def prober(device: str, scratch_root: Path, cache_dir: Path, isolation: str, lim
     return probe
 
 
+def read_own(path: Path, limit: int | None = None) -> bytes | None:
+    """The last `limit` bytes (all: None) of a regular file in a launch's scratch dir, or None. The dir is the
+    sandbox's: its processes could have replaced any file there by a symlink (to a host file the harness, as root,
+    could read: the signing key), a FIFO (a read that never returns) or a device, so the final component is
+    never followed (O_NOFOLLOW), never waited on (O_NONBLOCK) and must be a regular file. Read once the launch
+    has ended, when no process of it is left to swap the file after the check; its parents are the harness's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if limit is not None and st.st_size > limit:
+            fh.seek(st.st_size - limit)
+        return fh.read()
+
+
 def keep_log(log: Path, logs_dir: Path, limit: int = KEPT_LOG_BYTES) -> Path:
     """Copy a failed launch's log (at most its last `limit` bytes: the candidate writes it) to `logs_dir`, which
     outlives the round's scratch; returns the copy, or the original where it cannot be copied."""
     dest = logs_dir / f"{log.parent.name}.log"
+    data = read_own(log, limit)
+    if data is None:
+        data = f"[{log} was not a regular file when the launch ended (the worker replaced it: a symlink, a FIFO); " \
+               "nothing of it is kept]\n".encode()
     try:
         logs_dir.mkdir(parents=True, exist_ok=True)
-        with open(log, "rb") as src, open(dest, "wb") as out:
-            size = os.fstat(src.fileno()).st_size
-            if size > limit:
-                src.seek(size - limit)
-                out.write(f"[the first {size - limit} bytes of {log} are not kept]\n".encode())
-            shutil.copyfileobj(src, out)
+        dest.write_bytes(data)
         return dest
     except OSError:
         return log
@@ -214,7 +232,7 @@ def _launch(engine: str, target: EngineTarget, op: WorkerOp, timeout_s: float, t
         finally:
             _reap_ranks(res, world)
     wall = time.perf_counter_ns() - t0
-    out = log.read_text(errors="replace")
+    out = (read_own(log, KEPT_LOG_BYTES) or b"").decode(errors="replace")
     try:
         body = _result(res, target.ranks, out)
     except ProtocolError as exc:  # what a crashed worker gets: the worker did not deliver a result
@@ -230,6 +248,10 @@ def _launch(engine: str, target: EngineTarget, op: WorkerOp, timeout_s: float, t
             check_result(op, body)
         except ProtocolError as exc:
             raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {where()}", exc.hint) from None
+        outside = [f.path for f in body.logits or [] if not _own_file(Path(f.path), tmp)]
+        if outside:
+            raise EngineError(f"{name} named logits files that are not regular files of its own scratch dir {tmp}: "
+                              f"{outside[:3]}; log {where()}", "a worker writes its logits into its launch's directory")
     if body is None:
         tail = out[-2000:]
         raise EngineError(f"{name} crashed with exit {proc.returncode} and no result{box.oom_note()}; "
@@ -243,6 +265,16 @@ def _launch(engine: str, target: EngineTarget, op: WorkerOp, timeout_s: float, t
     if sess_error is not None:
         raise EngineError(f"{sess_error.message} (log {where()})", sess_error.hint)
     return WorkerRun(body, wall, cmd, sess_value, box.isolation)
+
+
+def _own_file(path: Path, scratch: Path) -> bool:
+    """A file the parent may load for the worker: directly in the launch's scratch dir, a regular file, no symlink
+    (what the parent then reads by path, np.load, is read after every process of the launch has ended)."""
+    try:
+        same_dir = os.path.realpath(path.parent) == os.path.realpath(scratch)
+        return same_dir and stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _world(target: EngineTarget) -> str:
@@ -289,10 +321,10 @@ def _result(res: Path, world: int, log_text: str = "") -> WorkerResult | None:
 
 
 def _read(path: Path, rank: int) -> WorkerResult | None:
-    try:
-        text = path.read_text()
-    except OSError:
+    data = read_own(path)
+    if data is None:
         return None
+    text = data.decode(errors="replace")
     try:
         return decode_result(text)
     except ProtocolError as exc:
