@@ -353,3 +353,43 @@ def test_the_cli_prints_a_receipt_no_place_took_to_stderr(monkeypatch, capsys):
     start = err.index("{")
     assert json.loads(err[start:err.index("\n}\n", start) + 2]) == kept
     assert "it follows on stderr as JSON" in " ".join(err.split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["gate", "speed"])
+def test_ctrl_c_at_any_stage_leaves_no_receipt_no_reserve_no_scratch_and_no_mount(lock, tmp_path, stage):
+    """Ctrl-C while the candidate's sandbox runs: exit 130, nothing sealed, the seal's reserve deleted, the round's
+    scratch (a tmpfs when root) unmounted and removed, no sandbox process left."""
+    import signal
+    import time
+
+    from cli_helpers import sigint_default
+    from sandbox_fixtures import processes_naming
+
+    from calibration_fixtures import seed_calibration
+
+    rounds, tmp = seed_calibration(tmp_path / "rounds"), tmp_path / "tmp"
+    tmp.mkdir()
+    before = sorted(p.name for p in rounds.iterdir())
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--lock", str(lock), "--rounds",
+                             str(rounds), "--candidate", "HEAD", "--blocks", "6"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_default)
+    deadline, seen = time.time() + 300, ""
+    while time.time() < deadline and f"== {stage}" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert f"== {stage}" in seen, seen[-2000:]
+    assert list(rounds.glob(f"{ready.RESERVE_PREFIX}*"))  # held while the round runs
+    time.sleep(3)  # inside the stage: a worker is running in its sandbox
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "nothing was sealed" in err
+    assert sorted(p.name for p in rounds.iterdir()) == before  # no receipt, ledger, reserve or unsealed copy
+    assert list(tmp.iterdir()) == []
+    assert str(tmp) not in Path("/proc/self/mountinfo").read_text()
+    assert processes_naming(str(tmp)) == []

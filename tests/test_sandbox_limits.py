@@ -103,7 +103,7 @@ class SparkInferEngine(Engine):
                 "uid_map": open("/proc/self/uid_map").read().split(),
                 "rlimits": {n: list(resource.getrlimit(getattr(resource, "RLIMIT_" + n)))
                             for n in ("NPROC", "NOFILE", "FSIZE", "CORE", "AS")},
-                "dev": sorted(os.listdir("/dev")), "sys": os.path.isdir("/sys/class")}
+                "dev": sorted(os.listdir("/dev")), "sys": os.path.isdir("/sys/class"), "shm": os.listdir("/dev/shm")}
         seen["sysctl"] = {p: sysctl(p) for p in ("/proc/sys/vm/stat_interval", "/proc/sys/kernel/core_pattern")}
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (1 << 20, 1 << 20))
@@ -291,7 +291,15 @@ def test_nothing_a_candidate_writes_reaches_a_disk_and_every_tmpfs_is_capped(eng
 
 
 def test_a_gpu_target_sees_the_nvidia_nodes_and_no_block_device(engine_root, scratch_root, tmp_path):
-    seen, iso = _run(engine_root, scratch_root, tmp_path, device="cuda")
+    """cuda targets used to get the host's whole /dev (--dev-bind /dev /dev): its block devices, and the host's
+    /dev/shm to read and fill. Now bwrap's minimal /dev, the NVIDIA nodes, and a /dev/shm of the launch's own."""
+    host_shm = Path("/dev/shm") / f"sb-host-only-{os.getpid()}"
+    host_shm.write_text("host\n")
+    try:
+        seen, iso = _run(engine_root, scratch_root, tmp_path, device="cuda")
+    finally:
+        host_shm.unlink()
+    assert host_shm.name not in seen["shm"]
     nvidia = sorted(p.name for p in Path("/dev").glob("nvidia*"))
     assert set(seen["dev"]) == {"core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin",
                                 "stdout", "tty", "urandom", "zero", *nvidia}

@@ -29,8 +29,9 @@ from typing import Any
 
 GIB = 1 << 30
 # A candidate's host uid when the harness is root: the first uid from UID_BASE + (the harness's pid mod UID_SPAN)
-# that no account names and no process runs as. Per harness process, so concurrent rounds never share one
-# (RLIMIT_NPROC counts the tasks of a uid host-wide) and no other program's processes count against it; never
+# that no account names and no process runs as. Per harness process, so concurrent rounds share one only when
+# their pids agree mod 2**20 and neither's sandbox runs when the other picks (RLIMIT_NPROC counts the tasks of a
+# uid host-wide), and no other program's processes count against it; never
 # nobody (65534), which other host services use (here, too, ext4's reserved blocks: resuid=65534). No file of
 # it outlives a launch. Below 2**31, for tools that read uids as signed 32-bit numbers.
 UID_BASE = 1_700_000_000
@@ -62,8 +63,9 @@ def mem_total() -> int:
 
 
 def scratch_bytes() -> int:
-    """The round's scratch root: min(32 GiB, RAM/4), which holds a calibration's logits for 20 seeds of the
-    flagship (163,840-entry rows)."""
+    """The round's scratch root: min(32 GiB, RAM/4). Its largest user is a calibration of the flagship, whose
+    launches' logits stay until it ends: 5 depths x 32 rows x 163,840 float32 = 105 MB a seed, 20 seeds a launch,
+    7 launches (the correct engine, the second precision, 5 faults): 15 GB."""
     return min(32 * GIB, mem_total() // 4)
 
 
