@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,6 +55,7 @@ class CalibrationOptions:
     renew_reference_anchor: bool = False
     # the candidate engine's own repository (a plugin): its faults and precisions are measured from its main
     engine_repo: Path | None = None
+    repo: Path | None = None  # the git repository whose commits --candidate names (None: the harness's checkout)
 
 
 @dataclass
@@ -81,12 +83,14 @@ class SeedRows:
 
 def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> CalibrationOutcome:
     """Measure, summarize, seal and record (unless opts.seal is False). Bad input raises before any engine runs."""
-    from .round import sandbox
+    from .round import ready, sandbox
 
     scratch = sandbox.new_scratch_root()  # private to this calibration: the arms' exports, every launch's dir
+    reserve = ready.SealReserve()  # the seal's space, held from before the first measurement until it writes
     try:
-        return _run(opts, report, scratch)
+        return _run(opts, report, scratch, reserve)
     finally:
+        reserve.release()
         sandbox.remove_tree(scratch)
 
 
@@ -141,7 +145,7 @@ def _engine_suite(opts: CalibrationOptions, target: Target, scratch: Path, main_
     return inst.EngineSuite(engine, source, check.calibration, arms=arms)
 
 
-def _run(opts: CalibrationOptions, report: Report, scratch: Path) -> CalibrationOutcome:
+def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) -> CalibrationOutcome:
     from .round import candidate as cand_mod
     from .round.arms import WorkerClient
     from .round.run import Round, RoundOptions, Sources, preflight
@@ -153,6 +157,9 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path) -> Calibration
     view = inst.instrument_view(lock, opts.target)  # the target as the instrument's workers run it
     if opts.seal:
         _check_sealable(opts, lock)
+        from .round.ready import RESERVE_MIN_BYTES
+
+        reserve.hold([opts.rounds_dir], RESERVE_MIN_BYTES)
     t_start, created = time.perf_counter(), utc_now()
     stage_seconds: dict[str, float] = {}
     round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
@@ -161,7 +168,7 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path) -> Calibration
                               renew_reference_anchor=opts.renew_reference_anchor)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     report("stage", name="instrument")
-    source = cand_mod.resolve(opts.candidate, scratch, cand_mod.HARNESS_ROOT, lock.main_branch)
+    source = cand_mod.resolve(opts.candidate, scratch, opts.repo or cand_mod.HARNESS_ROOT, lock.main_branch)
     suite = _engine_suite(opts, target, scratch, lock.main_branch, source)
     rnd = Round(round_opts, view, report, scratch, Sources(source))
     report("stage", name="preflight")
@@ -198,7 +205,7 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path) -> Calibration
     problems = separation_problems(record, target.gate)
     record["separation"] = {"separated": not problems, "problems": problems}
     record["stage_seconds"]["total"] = round(time.perf_counter() - t_start, 3)
-    return CalibrationOutcome(record, _seal(opts, record, report), problems)
+    return CalibrationOutcome(record, _seal(opts, record, report, reserve), problems)
 
 
 def _reference_rows(gate: Any, pre: Any, rnd: Any, seeds: list[int], report: Report) -> list[SeedRows]:
@@ -309,21 +316,34 @@ def _record(opts: CalibrationOptions, lock: Any, target: Target, created: str, s
     return record
 
 
-def _seal(opts: CalibrationOptions, record: dict[str, Any], report: Report) -> Path | None:
+def _seal(opts: CalibrationOptions, record: dict[str, Any], report: Report, reserve: Any) -> Path | None:
     """The record sealed into the chain (None when opts.seal is False); what was measured is never lost to a
     failing seal: the unsealed record is kept and named."""
     if not opts.seal:
         return None
     report("stage", name="seal")
     try:
+        reserve.release()  # the space held since before the first measurement, for the writes below
         path = write_record(record, opts.rounds_dir)
-    except Exception as exc:
-        keep = opts.cache_dir / "calibrations-unsealed" / f"{record['calibration_id']}.json"
-        keep.parent.mkdir(parents=True, exist_ok=True)
-        keep.write_bytes(file_bytes(record))
-        raise InputError(f"sealing the calibration failed ({exc}); the unsealed record is at {keep}",
-                         "fix the cause and re-run the calibration (an unsealed record is not relied on)") from exc
+    except Exception as exc:  # what was measured is never lost: the unsealed record is kept and named
+        raise _unsealed(record, opts, exc) from exc
     from .history import durable
 
     durable.save(opts.rounds_dir, opts.lock_path, f"calibration {record['calibration_id']}")  # sealed: kept
     return path
+
+
+def _unsealed(record: dict[str, Any], opts: CalibrationOptions, exc: Exception) -> InputError:
+    """The error of a calibration whose record could not be sealed, after keeping the record wherever it can go
+    (the cache, the system temp dir, the user's home; when none takes it, the error carries it as JSON)."""
+    from .round.ready import keep_first
+
+    places = [opts.cache_dir / "calibrations-unsealed", Path(tempfile.gettempdir()) / "scoreboard-unsealed",
+              Path.home() / "scoreboard-unsealed"]
+    data = file_bytes(record)
+    keep, failed = keep_first(data, f"{record['calibration_id']}.json", places)
+    where = (f"the unsealed record is at {keep}" if keep is not None else
+             f"the unsealed record could not be written anywhere ({'; '.join(failed)}); it follows:\n"
+             + data.decode())
+    return InputError(f"sealing the calibration failed ({exc}); {where}",
+                      "fix the cause and re-run the calibration (an unsealed record is not relied on)")

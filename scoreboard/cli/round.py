@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,10 @@ def run_cmd(
         outcome = run_round(opts, reporter)
     except UnsealedReceipt as exc:  # print the kept receipt, then the error (exit 1) names its path
         reporter.close()
-        print_json(json.loads(exc.path.read_text(encoding="utf-8")))
+        if exc.path is not None:
+            print_json(json.loads(exc.path.read_text(encoding="utf-8")))
+        else:  # no place could take it: stderr is where it survives (the error says so)
+            print(json.dumps(exc.receipt, indent=1, sort_keys=True, default=str), file=sys.stderr, flush=True)
         raise
     except KeyboardInterrupt:
         reporter.close()

@@ -59,9 +59,11 @@ def check(engine: str, source: CandidateSource, cache_dir: Path, extra_env: dict
 
     spec = entry_point(engine, source)
     root = import_root(source, cache_dir)
-    python, env = worker_launch(root, extra_env)
+    with worker_launch(root, extra_env) as (python, env):  # plain values: nothing to hold open
+        pass
     paths = [str(p) for p in import_paths(source)]
     launcher = None
+    boxes: list[sandbox.Launch] = []  # each closed (its cgroup removed) once the probe has ended
     own_root = sandbox.new_scratch_root() if isolation == "bwrap" and scratch is None else None
     base = scratch if scratch is not None else own_root
     if isolation == "bwrap" and base is not None:
@@ -71,11 +73,14 @@ def check(engine: str, source: CandidateSource, cache_dir: Path, extra_env: dict
             box = sandbox.launch(argv, mode="bwrap", engines_dir=root / "engines", harness_pkg=HARNESS_ROOT / "scoreboard",
                                  scratch=launch_dir, read_only=list(import_paths(source)), device=target_device,
                                  env=extra_env)
+            boxes.append(box)
             return box.argv, box.env
     try:
         got = probe.check_entry(engine, spec, python, env, device=device, first=[WORKER_MODULE], paths=paths,
                                 launcher=launcher)
     finally:
+        for box in boxes:
+            box.close()
         sandbox.remove_tree(own_root)
     if got.ok:
         return got

@@ -94,11 +94,8 @@ class WorkerClient:
                          timeout_s or ctx.target.speed.timeout_s, workdir=ctx.scratch, env=ctx.device_env(),
                          session=session, isolation=ctx.isolation, harness_engine=harness_engine,
                          entry_point=armcode.entry_point(self.engine_name, self.source) if own else None,
-                         import_paths=armcode.import_paths(self.source) if own else ())
-        if self.log.binds is None and res.isolation and res.isolation.get("binds"):
-            from .sandbox import receipt_binds
-
-            self.log.binds = receipt_binds(res.isolation)
+                         import_paths=armcode.import_paths(self.source) if own else (),
+                         logs_dir=ctx.logs_dir, on_launch=self.log.record_launch)
         self.log.command(res.base_command + [f"<{op.kind}>"])
         if res.result.ranks is not None:
             self.check_ranks(res.result.ranks)

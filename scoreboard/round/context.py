@@ -48,6 +48,11 @@ class RoundContext:
     reference_source: str | None = None
     blocks: int | None = None  # --blocks (None: the lock's)
     reps: int | None = None  # --reps (None: the lock's)
+    round_id: str = ""  # a failed launch's log is kept in <cache_dir>/logs/<round_id>/
+
+    @property
+    def logs_dir(self) -> Path | None:
+        return self.cache_dir / "logs" / self.round_id if self.round_id else None
 
     def device_env(self) -> dict[str, str]:
         """Both sides' GPUs: CUDA_VISIBLE_DEVICES = the first parallel.ranks devices (cuda targets only)."""
@@ -83,9 +88,21 @@ class RoundLog:
 
     commands: list[list[str]] = field(default_factory=list)
     binds: list[Any] | None = None  # environment.isolation.binds: the first launch that reports them
+    # environment.isolation's limits, dev and tmpfs, as the first launch that reports them ran
+    sandbox: dict[str, Any] | None = None
     ranks: list[dict[str, Any]] | None = None
     rank_problems: list[str] | None = None
     peaks: dict[int, PeakRec] | None = None  # None: no candidate launch yet
+
+    def record_launch(self, isolation: dict[str, Any]) -> None:
+        """A launch's sandbox as it starts (so a launch that then fails is recorded too): the first one's binds,
+        limits, devices and tmpfs."""
+        if self.binds is None and isolation.get("binds"):
+            from .sandbox import receipt_binds
+
+            self.binds = receipt_binds(isolation)
+        if self.sandbox is None and isolation.get("limits"):
+            self.sandbox = {k: isolation[k] for k in ("limits", "dev", "tmpfs") if k in isolation}
 
     def command(self, cmd: list[str], once: bool = True) -> None:
         if not once or cmd not in self.commands:

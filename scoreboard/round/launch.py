@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from .. import registry
 from ..engine import EngineTarget
@@ -22,9 +24,11 @@ from ..worker.protocol import (HarnessEngine, ProtocolError, WireTarget, WorkerO
                                decode_result, encode, failure, pid_path, result_path)
 from . import sandbox
 from .candidate import HARNESS_ROOT
+from .limits import Limits
 
 # Never visible to a candidate process: signing keys and tokens (a key it can read, it can sign with).
 SECRET_ENV = ("SCOREBOARD_SIGNING_KEY", "GH_TOKEN", "GITHUB_TOKEN", "HF_TOKEN")
+KEPT_LOG_BYTES = 8 << 20  # a failed launch's log kept under <cache>/logs/: its last 8 MiB
 
 
 @dataclass
@@ -63,7 +67,8 @@ def worker_command(world: int, request: Path, result: Path) -> list[str]:
 
 
 def sandboxed(import_root: Path, target: EngineTarget, cache_dir: Path, scratch: Path, cmd: list[str],
-              env: dict[str, str] | None, isolation: str, import_paths: Sequence[Path] = ()) -> sandbox.Launch:
+              env: dict[str, str] | None, isolation: str, limits: Limits | None = None,
+              import_paths: Sequence[Path] = ()) -> sandbox.Launch:
     """The launch of `cmd` for this arm: inside bwrap (only the arm's engines/, the harness's scoreboard/
     package, the weight shards, a plugin arm's exported package (`import_paths`, read-only at their own paths)
     and `scratch` reachable), or as a plain subprocess for isolation "none"."""
@@ -71,14 +76,73 @@ def sandboxed(import_root: Path, target: EngineTarget, cache_dir: Path, scratch:
     return sandbox.launch(cmd, mode=isolation, engines_dir=Path(import_root) / "engines",
                           harness_pkg=HARNESS_ROOT / "scoreboard", scratch=scratch,
                           read_only=[*(p for p in shards if p.exists()), *import_paths], device=target.device, env=env,
-                          fallback_env=worker_env(import_root, env), fallback_cache=cache_dir)
+                          fallback_env=worker_env(import_root, env), fallback_cache=cache_dir, limits=limits)
+
+
+def prober(device: str, scratch_root: Path, cache_dir: Path, isolation: str, limits: Limits | None = None,
+           on_launch: Callable[[dict[str, Any]], None] | None = None
+           ) -> Callable[[Path, dict[str, str] | None], ContextManager[tuple[list[str], dict[str, str]]]]:
+    """The launch of the preflight's import probe (ready.check_worker_imports): the same sandbox, limits and
+    environment as every other launch of an arm's code, around a bare interpreter (the probe adds `-c CODE`)."""
+
+    @contextmanager
+    def probe(import_root: Path, env: dict[str, str] | None) -> Iterator[tuple[list[str], dict[str, str]]]:
+        tmp = sandbox.new_launch_dir(scratch_root)
+        try:
+            with sandbox.launch([sys.executable], mode=isolation, engines_dir=Path(import_root) / "engines",
+                                harness_pkg=HARNESS_ROOT / "scoreboard", scratch=tmp, read_only=[], device=device,
+                                env=env, fallback_env=worker_env(import_root, env), fallback_cache=cache_dir,
+                                limits=limits) as box:
+                if on_launch is not None:  # its binds are not a worker's (no weights): those come from the first worker
+                    on_launch({k: v for k, v in box.isolation.items() if k != "binds"})
+                yield box.argv, box.env
+        finally:
+            sandbox.remove_tree(tmp)
+
+    return probe
+
+
+def read_own(path: Path, limit: int | None = None) -> bytes | None:
+    """The last `limit` bytes (all: None) of a regular file in a launch's scratch dir, or None. The dir is the
+    sandbox's: its processes could have replaced any file there by a symlink (to a host file the harness, as root,
+    could read: the signing key), a FIFO (a read that never returns) or a device, so the final component is
+    never followed (O_NOFOLLOW), never waited on (O_NONBLOCK) and must be a regular file. Read once the launch
+    has ended, when no process of it is left to swap the file after the check; its parents are the harness's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if limit is not None and st.st_size > limit:
+            fh.seek(st.st_size - limit)
+        return fh.read()
+
+
+def keep_log(log: Path, logs_dir: Path, limit: int = KEPT_LOG_BYTES) -> Path:
+    """Copy a failed launch's log (at most its last `limit` bytes: the candidate writes it) to `logs_dir`, which
+    outlives the round's scratch; returns the copy, or the original where it cannot be copied."""
+    dest = logs_dir / f"{log.parent.name}.log"
+    data = read_own(log, limit)
+    if data is None:
+        data = f"[{log} was not a regular file when the launch ended (the worker replaced it: a symlink, a FIFO); " \
+               "nothing of it is kept]\n".encode()
+    try:
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        return dest
+    except OSError:
+        return log
 
 
 def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
                timeout_s: float, workdir: Path | None = None, env: dict[str, str] | None = None,
                session: Callable[[ParentChannel], Any] | None = None, isolation: str = "bwrap",
-               harness_engine: HarnessEngine = None, entry_point: str | None = None,
-               import_paths: Sequence[Path] = ()) -> WorkerRun:
+               harness_engine: HarnessEngine = None, limits: Limits | None = None,
+               logs_dir: Path | None = None, on_launch: Callable[[dict[str, Any]], None] | None = None,
+               entry_point: str | None = None, import_paths: Sequence[Path] = ()) -> WorkerRun:
     """Run one engine operation in a fresh process (or target.ranks ranks); raise EngineError/TransientError.
 
     `engine` is resolved here, through the registry, to the entry point the worker imports (`harness_engine`
@@ -88,7 +152,9 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
 
     The launch runs sandboxed (sandbox.launch; `isolation="none"` opts out) in a private directory inside
     `workdir` (the round's scratch root, which its owner removes), or, without a workdir, in a private root
-    removed when the launch ends (then no output file outlives the call).
+    removed when the launch ends (then no output file outlives the call). The log of a launch that fails is
+    kept in `logs_dir` (default <cache_dir>/logs/<the scratch root's name>), which the error names.
+    `on_launch(isolation)` is told the launch's sandbox record before the launch starts.
 
     With `session` (op "timed"): the clock handshake's two FIFOs are made in the launch's scratch directory
     before the launch, and `session(channel)` runs here, in the parent, while the worker runs; its return
@@ -102,29 +168,42 @@ def run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: 
     else:
         root = Path(workdir)
     try:
-        return _run_worker(engine, import_root, target, cache_dir, op, timeout_s,
-                           sandbox.new_launch_dir(root), env, isolation, session, harness_engine, entry_point,
-                           tuple(import_paths))
+        return _run_worker(engine, import_root, target, cache_dir, op, timeout_s, sandbox.new_launch_dir(root), env,
+                           isolation, session, harness_engine, limits, logs_dir or Path(cache_dir) / "logs" / root.name,
+                           on_launch, entry_point, tuple(import_paths))
     finally:
         sandbox.remove_tree(own_root)
 
 
 def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir: Path, op: WorkerOp,
                 timeout_s: float, tmp: Path, env: dict[str, str] | None, isolation: str,
-                session: Callable[[ParentChannel], Any] | None, harness_engine: HarnessEngine,
-                entry_point: str | None = None, import_paths: tuple[Path, ...] = ()) -> WorkerRun:
+                session: Callable[[ParentChannel], Any] | None, harness_engine: HarnessEngine, limits: Limits | None,
+                logs_dir: Path, on_launch: Callable[[dict[str, Any]], None] | None, entry_point: str | None = None,
+                import_paths: tuple[Path, ...] = ()) -> WorkerRun:
     entry = None if harness_engine else (entry_point or registry.entry_point(engine))
-    res = tmp / "result.json"
     if session is not None:
         make_fifos(tmp)
-    cmd = worker_command(target.ranks, tmp / "request.json", res)
-    box = sandboxed(import_root, target, cache_dir, tmp, cmd, env, isolation, import_paths)
+    cmd = worker_command(target.ranks, tmp / "request.json", tmp / "result.json")
+    with sandboxed(import_root, target, cache_dir, tmp, cmd, env, isolation, limits, import_paths) as box:
+        if on_launch is not None:
+            on_launch(box.isolation)
+        paths = () if harness_engine else tuple(map(str, import_paths))
+        return _launch(engine, target, op, timeout_s, tmp, session, harness_engine, entry, cmd, box, logs_dir, paths)
+
+
+def _launch(engine: str, target: EngineTarget, op: WorkerOp, timeout_s: float, tmp: Path,
+            session: Callable[[ParentChannel], Any] | None, harness_engine: HarnessEngine, entry: str | None,
+            cmd: list[str], box: sandbox.Launch, logs_dir: Path, import_paths: tuple[str, ...] = ()) -> WorkerRun:
+    res = tmp / "result.json"
     req = WorkerRequest(engine=engine, entry_point=entry, harness_engine=harness_engine, target=WireTarget.of(target),
-                        cache_dir=box.cache_dir, timeout_s=timeout_s, op=op,
-                        import_paths=() if harness_engine else tuple(map(str, import_paths)))
+                        cache_dir=box.cache_dir, timeout_s=timeout_s, op=op, import_paths=import_paths)
     (tmp / "request.json").write_text(encode(req))
     name = f"{engine} worker ({op.kind}{_world(target)})"
     log = tmp / "worker.log"
+
+    def where() -> Path:  # the log of a failed launch, kept where it outlives the round's scratch
+        return keep_log(log, logs_dir)
+
     t0 = time.perf_counter_ns()
     deadline = time.monotonic() + timeout_s
     sess_value, sess_error = None, None
@@ -151,7 +230,7 @@ def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir:
         except (subprocess.TimeoutExpired, TimeoutError):
             _stop(proc, res, world)
             raise EngineError(f"{name} exceeded the {timeout_s:.0f} s timeout; "
-                              f"every process was stopped; log {log}",
+                              f"every process was stopped{box.oom_note()}; log {where()}",
                               "raise speed.timeout_s in the target policy only if the workload is really that slow")
         except BaseException:  # Ctrl-C: leave no rank behind
             _stop(proc, res, world)
@@ -159,35 +238,49 @@ def _run_worker(engine: str, import_root: Path, target: EngineTarget, cache_dir:
         finally:
             _reap_ranks(res, world)
     wall = time.perf_counter_ns() - t0
-    out = log.read_text(errors="replace")
+    out = (read_own(log, KEPT_LOG_BYTES) or b"").decode(errors="replace")
     try:
         body = _result(res, target.ranks, out)
     except ProtocolError as exc:  # what a crashed worker gets: the worker did not deliver a result
-        raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {log}\n{out[-2000:]}".rstrip(),
+        raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {where()}\n{out[-2000:]}".rstrip(),
                           exc.hint) from None
     if sess_error is not None and not any(x in sess_error.message for x in ("exited before it finished",
                                                                            "the worker failed")):
         # the parent saw the session break first (a forged or out-of-order message); what the worker says
         # afterwards (a broken pipe) follows from it
-        raise EngineError(f"{engine} ({op.kind}): {sess_error.message} (log {log})", sess_error.hint)
+        raise EngineError(f"{engine} ({op.kind}): {sess_error.message} (log {where()})", sess_error.hint)
     if body is not None and body.ok:
         try:
             check_result(op, body)
         except ProtocolError as exc:
-            raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {log}", exc.hint) from None
+            raise EngineError(f"{name} wrote a malformed result: {exc.message}; log {where()}", exc.hint) from None
+        outside = [f.path for f in body.logits or [] if not _own_file(Path(f.path), tmp)]
+        if outside:
+            raise EngineError(f"{name} named logits files that are not regular files of its own scratch dir {tmp}: "
+                              f"{outside[:3]}; log {where()}", "a worker writes its logits into its launch's directory")
     if body is None:
         tail = out[-2000:]
-        raise EngineError(f"{name} crashed with exit {proc.returncode} and no result; "
-                          f"log {log}\n{tail}")
+        raise EngineError(f"{name} crashed with exit {proc.returncode} and no result{box.oom_note()}; "
+                          f"log {where()}\n{tail}")
     if not body.ok:
         cls = TransientError if body.transient else EngineError
         detail = body.traceback or ""
-        where = f" on rank {body.rank} of {target.ranks}" if target.ranks > 1 else ""
-        raise cls(f"{engine} ({op.kind}) failed{where}: {body.error} (log {log})\n{detail[-1500:]}".rstrip(),
-                  body.hint)
+        on = f" on rank {body.rank} of {target.ranks}" if target.ranks > 1 else ""
+        raise cls(f"{engine} ({op.kind}) failed{on}: {body.error}{box.oom_note()} (log {where()})\n"
+                  f"{detail[-1500:]}".rstrip(), body.hint)
     if sess_error is not None:
-        raise EngineError(f"{sess_error.message} (log {log})", sess_error.hint)
+        raise EngineError(f"{sess_error.message} (log {where()})", sess_error.hint)
     return WorkerRun(body, wall, cmd, sess_value, box.isolation)
+
+
+def _own_file(path: Path, scratch: Path) -> bool:
+    """A file the parent may load for the worker: directly in the launch's scratch dir, a regular file, no symlink
+    (what the parent then reads by path, np.load, is read after every process of the launch has ended)."""
+    try:
+        same_dir = os.path.realpath(path.parent) == os.path.realpath(scratch)
+        return same_dir and stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _world(target: EngineTarget) -> str:
@@ -234,10 +327,10 @@ def _result(res: Path, world: int, log_text: str = "") -> WorkerResult | None:
 
 
 def _read(path: Path, rank: int) -> WorkerResult | None:
-    try:
-        text = path.read_text()
-    except OSError:
+    data = read_own(path)
+    if data is None:
         return None
+    text = data.decode(errors="replace")
     try:
         return decode_result(text)
     except ProtocolError as exc:

@@ -33,6 +33,7 @@ from . import candidate as cand_mod
 from . import ready, sandbox
 from .arms import Arm, worker_arm
 from .context import RoundContext, RoundLog
+from .launch import prober
 from .stages import (GateStage, Preflight, SpeedStage, check_node, check_reference_anchor, decode_ceiling_of,
                      fingerprint, isolation_record, model_and_fit, prepare_reference, weights)
 
@@ -83,13 +84,16 @@ class RoundOptions:
 
 
 class UnsealedReceipt(ScoreboardError):
-    """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record)."""
+    """Sealing failed after the round ran; `path` holds the complete unsealed receipt (a claim, not a record), or
+    is None when no place could take it: then `receipt` is all there is, and the CLI prints it to stderr."""
 
-    def __init__(self, message: str, path: Path, cause_hint: str | None = None):
+    def __init__(self, message: str, path: Path | None, cause_hint: str | None = None,
+                 receipt: dict[str, Any] | None = None):
         super().__init__(message, (f"{cause_hint}; then " if cause_hint else "fix the cause named above; then ")
                          + "run the round again (an unsealed receipt is kept for inspection, it is not a measurement "
                          "of record)")
         self.path = path
+        self.receipt = receipt
 
 
 @dataclass
@@ -154,7 +158,7 @@ class Round:
             scratch=scratch, rounds_dir=opts.rounds_dir, isolation=opts.isolation,
             candidate_options=self.candidate_options, report=report, allow_node_mismatch=opts.allow_node_mismatch,
             renew_reference_anchor=opts.renew_reference_anchor, reference_source=opts.reference_source,
-            blocks=opts.blocks, reps=opts.reps)
+            blocks=opts.blocks, reps=opts.reps, round_id=self.round_id)
         self.log = RoundLog()
         self.sources = sources
         self.history = history
@@ -176,6 +180,7 @@ class Round:
         self.aborted: Aborted | None = None
         self.retries: list[Retry] = []
         self.stage_seconds: dict[str, float] = {}
+        self.reserve: ready.SealReserve | None = None  # released just before the seal writes
         self.provenance: dict[str, Any] = {"candidate_options": {
             "lock": dict(self.target.candidate_options), "round_overrides": dict(opts.candidate_options),
             "effective": dict(self.candidate_options)}}
@@ -218,6 +223,8 @@ class Round:
             env["isolation"] = dict(self.isolation)
             if self.log.binds is not None and "binds" not in env["isolation"]:
                 env["isolation"]["binds"] = self.log.binds
+            for k, v in (self.log.sandbox or {}).items():
+                env["isolation"].setdefault(k, v)
         if self.fit is not None:
             env["fit"] = self.fit
         if self.log.ranks is not None:
@@ -287,9 +294,11 @@ def run_round(opts: RoundOptions, report: Report = _noop) -> RoundOutcome:
     durable.refuse_unsettled(opts.rounds_dir, opts.lock_path)  # records a git step rolled back: nothing written
     # private to this round (0700): the arms' exports and every launch's scratch dir; removed however it ends
     scratch = sandbox.new_scratch_root()
+    reserve = ready.SealReserve()  # the seal's space, held from preflight until the seal writes
     try:
-        return _run(opts, lock, report, history, scratch)
+        return _run(opts, lock, report, history, scratch, reserve)
     finally:
+        reserve.release()
         sandbox.remove_tree(scratch)
 
 
@@ -300,7 +309,8 @@ def origin(opts: RoundOptions, target: Target) -> cand_mod.Origin:
     return cand_mod.Origin(cand_mod.plugin_repo(opts.engine_repo), target.candidate_engine)
 
 
-def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scratch: Path) -> RoundOutcome:
+def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scratch: Path,
+         reserve: ready.SealReserve) -> RoundOutcome:
     branch = lock.main_branch
     # Resolving the arms reads only the user's spec and the git repository they are commits of (the harness's,
     # or --engine-repo's): a typo here (a commit or branch that does not exist, a directory that is no checkout,
@@ -314,10 +324,14 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
     if opts.seal:  # what it seals must be signed by a key the lock pins, or it would be untrusted history
         pinned_signing_key(lock, opts.lock_path, [Path.cwd(), opts.rounds_dir.resolve().parent])
+        ready_record["seal_reserve"] = reserve.hold(
+            [opts.rounds_dir] + ([Path(opts.lock_path).absolute().parent] if opts.update_frontier else []),
+            ready.seal_bytes(opts.rounds_dir, opts.lock_path))
     calibration = _calibration(opts, lock)  # refused here: before any engine runs, nothing written
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     frontier_src, frontier_note = _frontier_source(history, where, scratch) if src.is_main else (None, None)
     rnd = Round(opts, lock, report, scratch, Sources(src, main_src, frontier_src), history)
+    rnd.reserve = reserve
     rnd.calibration = CalibrationRef.model_validate(calibration)
     rnd.provenance["ready"] = ready_record
     if frontier_note:
@@ -330,7 +344,7 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     harness_side = main_src or src
     if harness_side.plugin is None:  # a plugin arm's engine is not the installed copy: armcode.check imports it
         ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(harness_side, opts.cache_dir),
-                                   rnd.ctx.device_env(), "main (harness)")
+                                   rnd.ctx.device_env(), "main (harness)", _prober(rnd))
     report("step", message="the candidate engine's entry point in a fresh interpreter")
     armcode.check(rnd.target.candidate_engine, harness_side, opts.cache_dir, rnd.ctx.device_env(), "main (harness)",
                   isolation=opts.isolation, scratch=scratch, target_device=rnd.target.device)
@@ -419,10 +433,16 @@ def _preflight(rnd: Round) -> Preflight:
         who = f"candidate ({src.label})"
         if src.plugin is None:
             ready.check_worker_imports(rnd.target.candidate_engine, cand_mod.import_root(src, rnd.opts.cache_dir),
-                                       rnd.ctx.device_env(), who, candidate=True)
+                                       rnd.ctx.device_env(), who, _prober(rnd), candidate=True)
         armcode.check(rnd.target.candidate_engine, src, rnd.opts.cache_dir, rnd.ctx.device_env(), who, candidate=True,
                       isolation=rnd.ctx.isolation, scratch=rnd.ctx.scratch, target_device=rnd.target.device)
     return preflight(rnd)
+
+
+def _prober(rnd: Round) -> ready.ProbeLaunch:
+    """The import probe's launch: the sandbox, limits and environment of the round's every other launch."""
+    return prober(rnd.target.device, rnd.ctx.scratch, rnd.opts.cache_dir, rnd.ctx.isolation,
+                  on_launch=rnd.log.record_launch)
 
 
 def preflight(rnd: Round) -> Preflight:
@@ -555,12 +575,12 @@ def _finish(rnd: Round) -> RoundOutcome:
         try:
             if rnd.history is not None:
                 rnd.history.check_extends(rnd.opts.rounds_dir)
+            if rnd.reserve is not None:
+                rnd.reserve.release()  # the space held since preflight, for the writes below
             path = write_receipt(r, rnd.opts.rounds_dir)
         except Exception as exc:  # whatever broke the seal, what was measured is kept
-            saved = ready.save_unsealed(r, rnd.opts.rounds_dir, rnd.opts.cache_dir)
             cause = exc.message if isinstance(exc, ScoreboardError) else f"{type(exc).__name__}: {exc}"
-            raise UnsealedReceipt(f"sealing failed: {cause}; the complete unsealed receipt is saved at {saved}",
-                                  saved, getattr(exc, "hint", None)) from exc
+            raise _unsealed(f"sealing failed: {cause}", r, rnd, getattr(exc, "hint", None)) from exc
         if receipt.status == "verdict" and receipt.candidate.is_main and rnd.opts.update_frontier:
             from ..history.frontier import raise_frontier
 
@@ -585,10 +605,18 @@ def _validated(rnd: Round) -> Receipt:
     try:
         return rnd.assemble()
     except ValidationError as exc:
-        saved = ready.save_unsealed(rnd.draft(), rnd.opts.rounds_dir, rnd.opts.cache_dir)
         problems = validation_messages(exc)
-        raise UnsealedReceipt(f"the round's receipt is not valid ({len(problems)} problem(s): {'; '.join(problems)}); "
-                              f"the unsealed receipt is saved at {saved}", saved) from None
+        raise _unsealed(f"the round's receipt is not valid ({len(problems)} problem(s): {'; '.join(problems)})",
+                        rnd.draft(), rnd) from None
+
+
+def _unsealed(what: str, receipt: dict[str, Any], rnd: Round, hint: str | None = None) -> UnsealedReceipt:
+    """The error of a round whose receipt could not be sealed, after saving the receipt wherever it can go."""
+    saved, failed = ready.save_unsealed(receipt, rnd.opts.rounds_dir, rnd.opts.cache_dir)
+    if saved is not None:
+        return UnsealedReceipt(f"{what}; the complete unsealed receipt is saved at {saved}", saved, hint, receipt)
+    return UnsealedReceipt(f"{what}; the complete unsealed receipt could not be written anywhere "
+                           f"({'; '.join(failed)}): it follows on stderr as JSON", None, hint, receipt)
 
 
 def _exit_code(r: Receipt) -> int:
