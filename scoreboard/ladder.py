@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .history.receipt import Receipt
 
 UNIT = "tok/s"
+NOT_COMPLIANT = ("REJECT", "regression")  # as history.receipt.NOT_COMPLIANT: drawn red
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
                 p.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{_REF}"/>')
         for i, s in enumerate(steps):
             cx, cy = x(i), y(s.after)
-            color = _LOWER if s.kind == "frontier-lower" or s.tier == "REJECT" else _CAND
+            color = _LOWER if s.kind == "frontier-lower" or s.tier in NOT_COMPLIANT else _CAND
             tier = "lowered" if s.kind == "frontier-lower" else (s.tier or "?")
             if s.receipt_problem:
                 tier, color = "UNVERIFIED", _LOWER

@@ -32,7 +32,7 @@ th{background:#eef2f7;white-space:normal}td.l,th.l{text-align:left}
 .card{border:1px solid #c8c8c8;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fcfcfd}
 .card.tampered{border:3px solid #b3261e;background:#fff4f3}
 .label{display:inline-block;padding:1px 10px;border-radius:10px;background:#1f5fa8;color:#fff;font-weight:bold}
-.label.REJECT,.label.TAMPERED,.label.UNSEALED{background:#b3261e}.label.inconclusive{background:#8a5a00}
+.label.REJECT,.label.regression,.label.TAMPERED,.label.UNSEALED{background:#b3261e}.label.inconclusive{background:#8a5a00}
 .label.none{background:#666}.label.BASELINE{background:#0b7a75}.label.aborted{background:#555}
 .mono{font-family:"DejaVu Sans Mono",monospace;font-size:12px}.dim{color:#555}
 .samples{font-family:"DejaVu Sans Mono",monospace;font-size:12px;text-align:left;white-space:normal}

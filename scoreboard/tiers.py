@@ -5,7 +5,9 @@ Order (thresholds come from the lock's TierPolicy, never from code):
   2. a guard failed -> REJECT, `speed_label` still says what the speed would have earned;
   3. no frontier basis (<= 0) -> BASELINE;
   4. CI of the gain wider than `max_ci_width` -> inconclusive (with the blocks to add);
-  5. CI lower bound > 0 and point gain >= the smallest bucket -> highest bucket <= gain; else none.
+  5. CI upper bound < -guard_tolerance -> regression: the scored metric is significantly worse than its basis
+     by more than the tolerance a guard is allowed (the guard rule, applied to the scored metric);
+  6. CI lower bound > 0 and point gain >= the smallest bucket -> highest bucket <= gain; else none.
 
 gain = delta / frontier, delta = value - frontier (higher is better) or frontier - value (lower is
 better). Basis: main measured in the same round when the candidate is a PR ("main-same-round", paired
@@ -138,6 +140,11 @@ def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
         return "inconclusive", [f"{ev.name}: CI width {(hi - lo) * 100:.2f} points > max_ci_width "
                                 f"{policy.max_ci_width * 100:.2f}; rerun with about {total} blocks "
                                 f"(add {total - n}) or on a quieter box"]
+    tol = policy.guard_tolerance
+    if ci is not None and hi < -tol - _EPS:
+        return "regression", [f"{ev.name} regressed: {ev.value:.4g} vs {ev.frontier:.4g} {ev.unit} ({ev.basis}), "
+                              f"gain {_pct(g)} with CI [{_pct(lo)}, {_pct(hi)}] entirely below -{tol * 100:.2f}% "
+                              "(guard_tolerance)"]
     if not policy.buckets:
         return "none", ["tier policy has no buckets"]
     smallest_name = min(policy.buckets, key=policy.buckets.__getitem__)
@@ -249,6 +256,9 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
         elif speed_label == "inconclusive":
             body += (f" The interval is wider than the policy's {policy.max_ci_width * 100:.2f} points, so the run "
                      "is too noisy to call: inconclusive, not a guess.")
+        elif speed_label == "regression":
+            body += (f" The whole interval lies below -{policy.guard_tolerance * 100:.2f}% (guard_tolerance): that is "
+                     "a regression, not noise. It moves no slot, and the round exits 2.")
         elif speed_label == "none":
             body += (" That is not a significant gain: it needs the whole interval above zero and at least "
                      f"{min(policy.buckets.values()) * 100:.2f}%." if policy.buckets else " No buckets are set.")

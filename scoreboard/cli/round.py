@@ -250,7 +250,7 @@ def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) ->
     _memory(r.environment)
     v = r.verdict
     label = v.label if v else None
-    color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(label or "", "green")
+    color = {"REJECT": "red", "regression": "red", "inconclusive": "yellow", "none": "white"}.get(label or "", "green")
     console.print(f"[bold {color}]verdict: {label}[/]")
     if v and v.explanation:
         console.print(v.explanation, highlight=False)

@@ -14,7 +14,8 @@ from ..lockfile import DEFAULT_LOCK, Target, load_lock
 from ..tiers import ESTIMATOR, POOLED_MEDIAN, Verdict, receipt_target, score_claim, summarize_speed, verdict_from_receipt
 from .console import console, print_json
 
-_STYLE = {"REJECT": "bold red", "inconclusive": "yellow", "none": "white", "BASELINE": "cyan"}
+_STYLE = {"REJECT": "bold red", "regression": "bold red", "inconclusive": "yellow", "none": "white",
+          "BASELINE": "cyan"}
 
 
 def _show(v: Verdict) -> None:
@@ -50,7 +51,8 @@ def command(
                                         "reference.lock)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT."""
+    """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT
+    or regression."""
     from ..history.sealed import read_sealed
 
     if (receipt is None) == (claim is None):

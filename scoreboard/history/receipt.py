@@ -9,6 +9,8 @@ Format history (``format_version``, major.minor; docs/receipt-format.md is the r
   1.2 — optional ``notes`` in a same-round arm's ``output_check`` (variants whose outputs varied across
         blocks, each graded by the reference); a comparison arm failing its check or the ceiling flags
         the metric (inconclusive), it no longer REJECTs the candidate.
+  1.3 — verdict label ``regression`` (the scored metric's whole CI below -guard_tolerance; exit 2). A reader
+        before 1.3 refuses a ``regression`` label by name (verdict.label).
 A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
@@ -32,10 +34,11 @@ from ..errors import InputError
 if TYPE_CHECKING:
     from ..lockfile import Target
 
-FORMAT_VERSION = "1.2"
+FORMAT_VERSION = "1.3"
 FORMAT_MAJOR = 1
 
-VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
+VERDICT_LABELS = ("REJECT", "regression", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
+NOT_COMPLIANT = ("REJECT", "regression")  # labels a round exits 2 for
 # what a verdict's gain is measured against (scoreboard.tiers): a same-round arm, the pinned slot, or nothing
 VERDICT_BASES = ("main-same-round", "frontier-same-round", "frontier-slot", "none")
 ARMS = ("reference", "candidate", "main", "frontier")  # main: a PR round's; frontier: a main round's
@@ -276,7 +279,7 @@ class Verdict(_Open):
 
     @property
     def compliant(self) -> bool:
-        return self.label != "REJECT"
+        return self.label not in NOT_COMPLIANT
 
     def as_dict(self) -> dict[str, Any]:
         """The receipt's verdict section, every field written."""

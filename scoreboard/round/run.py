@@ -537,4 +537,4 @@ def _validated(rnd: Round) -> Receipt:
 def _exit_code(r: Receipt) -> int:
     if r.status == "aborted" or r.verdict is None:
         return 1
-    return 2 if r.verdict.label == "REJECT" else 0
+    return 0 if r.verdict.compliant else 2  # REJECT or regression
