@@ -324,7 +324,7 @@ def test_speed_summary_reports_every_arm_and_the_reference_ratio():
 # golden incidents
 
 GOLDEN_FILES = ["stale_frontier", "hand_seeded_frontier", "claim_vs_measurement", "guard_regression",
-                "gate_failure", "baseline", "inconclusive", "scored_regression"]
+                "gate_failure", "baseline", "inconclusive", "scored_regression", "pinned_slot_drift"]
 
 
 def _replay(case: dict) -> Verdict:
@@ -466,6 +466,21 @@ def test_cli_regression_exits_2_and_says_so(tmp_path, monkeypatch, capsys):
     assert "entirely below -2.00% (guard_tolerance)" in text
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "scored_regression", 2)), "--json")
     assert code == 0 and json.loads(out)["verdict"]["label"] == "none"  # inside the tolerance
+
+
+def test_cli_a_loaded_box_against_the_pinned_slot_is_inconclusive(tmp_path, monkeypatch, capsys):
+    """The default target's main job on a loaded box sealed 'none, -95.85%' against the slot of 2026-11-29 (its
+    frontier commit cannot run under this harness); the baseline the round recorded makes it inconclusive."""
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "pinned_slot_drift")), "--json")
+    v = json.loads(out)["verdict"]
+    assert code == 0 and v["label"] == "inconclusive" and v["basis"] == "frontier-slot"
+    assert any("beyond speed.reference_drift_max 25%" in f for f in v["flags"]), v["flags"]
+    r = _case("pinned_slot_drift")
+    for m in r["speed"]["metrics"]:  # the same round with its baseline at what the loaded box measured
+        m["baseline"] = 25.0 if m["phase"] == "decode" else 400.0
+    assert verdict_from_receipt(r).label == "regression"
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "pinned_slot_drift", 1)), "--json")
+    assert code == 2 and json.loads(out)["verdict"]["label"] == "regression"  # a quiet box: a real regression
 
 
 def test_cli_claim(tmp_path, monkeypatch, capsys):

@@ -9,8 +9,11 @@ Format history (``format_version``, major.minor; docs/receipt-format.md is the r
   1.2 — optional ``notes`` in a same-round arm's ``output_check`` (variants whose outputs varied across
         blocks, each graded by the reference); a comparison arm failing its check or the ceiling flags
         the metric (inconclusive), it no longer REJECTs the candidate.
-  1.3 — verdict label ``regression`` (the scored metric's whole CI below -guard_tolerance; exit 2). A reader
-        before 1.3 refuses a ``regression`` label by name (verdict.label).
+  1.3 — verdict label ``regression`` (the scored metric's whole CI below -guard_tolerance; exit 2); optional
+        ``baseline`` in each ``speed.metrics[]`` (the reference's baseline slot as read at round start): a
+        verdict against the pinned frontier slot whose reference drifted past ``speed.reference_drift_max``
+        from it is inconclusive (verdict.flags). A reader before 1.3 refuses a ``regression`` label by name
+        (verdict.label).
 A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
@@ -202,7 +205,8 @@ class SpeedMetric(_Open):
     timed_output_ok: bool
     frontier: float | int | None = None  # tok/s: the candidate slot as read at round start (int kept as written)
     plausible: bool | None = None  # no candidate-side arm above the physical ceiling
-    _OPTIONAL_KEYS = frozenset({"frontier", "plausible"})
+    baseline: float | int | None = None  # 1.3, tok/s: the reference's baseline slot as read at round start (0: none)
+    _OPTIONAL_KEYS = frozenset({"frontier", "plausible", "baseline"})
 
     @field_validator("arms")
     @classmethod

@@ -411,13 +411,17 @@ class SpeedStage:
                         n_variants=self.gate.n_variants, handshake=handshake, ceiling=self.pre.ceiling, **extra)
 
     def metric_rec(self, m: Any, per_arm: dict[str, list[Block]]) -> SpeedMetric:
-        """One metric's entry: its slot, the frontier read at preflight, every arm's blocks (outputs unchecked)."""
+        """One metric's entry: its slot, the frontier read at preflight, the reference's baseline slot, every
+        arm's blocks (outputs unchecked)."""
         t = self.ctx.target
         slot = t.slot(t.candidate_engine, m)
         s = self.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt
+        # the lock as loaded when the round started, before any candidate process ran; the drift rule it feeds
+        # (scoreboard.tiers) can only withhold a tier, never grant one
+        base = self.ctx.lock.slots.get(t.slot(t.reference_engine, m))
         return SpeedMetric(phase=m.phase, depth=m.depth, n_tokens=m.n_tokens, role=m.role, slot=slot,
-                           frontier=s.value if s else 0.0, arms={a: ArmRec(blocks=bs) for a, bs in per_arm.items()},
-                           timed_output_ok=True)
+                           frontier=s.value if s else 0.0, baseline=base.value if base else 0.0,
+                           arms={a: ArmRec(blocks=bs) for a, bs in per_arm.items()}, timed_output_ok=True)
 
     def check(self, speed: SpeedRec) -> SpeedRec:
         """The measured section with its checks recorded: the timed outputs (check_outputs) and every

@@ -39,12 +39,15 @@ def base_lock_text() -> str:
     return tomlkit.dumps(doc)
 
 
-def target_dict(prefill_scored: bool = False, guard_tolerance: float | None = None) -> dict:
+def target_dict(prefill_scored: bool = False, guard_tolerance: float | None = None,
+                max_ci_width: float | None = None) -> dict:
     """The flagship target; `prefill_scored` is the case study's own setup (prefill@32k scored, decode guard);
-    `guard_tolerance` another target's (k3-wide-h200: 0.02)."""
+    `guard_tolerance` and `max_ci_width` another target's (k3-wide-h200: 0.02; k3-mini-cpu: 0.05 and 0.10)."""
     t = parse_lock(base_lock_text()).targets[FLAGSHIP].model_dump(mode="json")
     if guard_tolerance is not None:
         t["tiers"]["guard_tolerance"] = guard_tolerance
+    if max_ci_width is not None:
+        t["tiers"]["max_ci_width"] = max_ci_width
     if prefill_scored:
         for m in t["metrics"]:
             m["role"] = "scored" if m["phase"] == "prefill" else "guard"
@@ -81,8 +84,9 @@ def arm(rng: np.random.Generator, value: float, n_tokens: int, drift: np.ndarray
 
 def receipt(target: dict, values: dict, frontier: dict, *, is_main: bool, seed: int = 20260806,
             block_sd: float = 0.004, rep_sd: float = 0.003, arm_sd: float = 0.0, gate_section: dict | None = None,
-            speed: bool = True, recorded: dict | None = None) -> dict:
-    """values: {(phase, depth, n): {arm: tok/s}}; frontier: {(phase, depth, n): slot tok/s}."""
+            speed: bool = True, recorded: dict | None = None, baselines: dict | None = None) -> dict:
+    """values: {(phase, depth, n): {arm: tok/s}}; frontier: {(phase, depth, n): slot tok/s}; baselines (receipt
+    1.3): {(phase, depth, n): the reference's baseline slot at round start, tok/s}."""
     rng = np.random.default_rng(seed)
     metrics = []
     for m in target["metrics"] if speed else []:
@@ -94,6 +98,8 @@ def receipt(target: dict, values: dict, frontier: dict, *, is_main: bool, seed: 
             arms[name] = arm(rng, v, m["n_tokens"], drift, rep_sd)
         metrics.append({"phase": m["phase"], "depth": m["depth"], "n_tokens": m["n_tokens"], "role": m["role"],
                         "slot": "", "frontier": frontier.get(key, 0.0), "arms": arms, "timed_output_ok": True})
+        if baselines is not None:
+            metrics[-1]["baseline"] = baselines.get(key, 0.0)
     cand = {"engine": "sparkinfer", "label": "main" if is_main else "pr", "commit": "c" * 40, "dirty": False,
             "is_main": is_main, "identity": {}}
     return {
@@ -242,6 +248,40 @@ def cases() -> dict[str, dict]:
                 {DEC: 389.2, PP: 19189.0}, is_main=False),
              "expect": {"label": "none", "speed_label": "none", "basis": "main-same-round", "claim": False,
                         "gain": -0.015, "gain_tol": 0.002, "reasons_contain": ["not above 0"]}},
+        ]}
+    mini = target_dict(guard_tolerance=0.05, max_ci_width=0.10)
+    slots, bases = {DEC: 147.3126, PP: 4121.9081}, {DEC: 803.1145, PP: 4670.6728}
+    loaded = {DEC: {"reference": 25.0, "candidate": 6.1}, PP: {"reference": 400.0, "candidate": 350.0}}
+    out["pinned_slot_drift"] = {
+        "source": "a new user's main job of 2026-12-02 on the default target, a loaded 2-core box: the frontier's "
+                  "commit speaks engine contract 1, so it was not re-measured and the basis was the slot of "
+                  "2026-11-29 (147.3 tok/s); sparkinfer measured 6.1, llama.cpp 25 against its baseline 803.1; sealed "
+                  "'none, -95.85%'. Against a pinned slot, a reference beyond speed.reference_drift_max of the "
+                  "baseline the round read at its start is inconclusive (k3-mini-cpu's tolerance 5%, CI width 10%).",
+        "cases": [
+            {"name": "loaded box against the pinned slot (the incident)", "receipt": receipt(
+                mini, loaded, slots, is_main=True, baselines=bases),
+             "expect": {"label": "inconclusive", "speed_label": "inconclusive", "basis": "frontier-slot",
+                        "claim": False, "gain": 6.1 / 147.3126 - 1, "gain_tol": 0.01,
+                        "reasons_contain": ["0.03x its baseline slot", "beyond speed.reference_drift_max 25%",
+                                            "not judged: prefill 32768 tok @ depth 0: reference prefill@0"],
+                        "explanation_contains": ["the pinned frontier slot", "scoreboard frontier rebase"]}},
+            {"name": "a quiet box, 12% below the pinned slot: a regression", "receipt": receipt(
+                mini, {DEC: {"reference": 800.0, "candidate": 130.0}, PP: {"reference": 4650.0, "candidate": 4100.0}},
+                slots, is_main=True, baselines=bases),
+             "expect": {"label": "regression", "speed_label": "regression", "basis": "frontier-slot",
+                        "claim": False, "gain": 130.0 / 147.3126 - 1, "gain_tol": 0.01,
+                        "reasons_contain": ["entirely below -5.00% (guard_tolerance)"]}},
+            {"name": "the loaded box in a receipt before 1.3 (no baseline recorded): nothing to test the box against",
+             "receipt": receipt(mini, loaded, slots, is_main=True),
+             "expect": {"label": "regression", "speed_label": "regression", "basis": "frontier-slot",
+                        "claim": False, "gain": 6.1 / 147.3126 - 1, "gain_tol": 0.01}},
+            {"name": "the loaded box with the frontier's commit re-measured in the same round: paired, no drift rule",
+             "receipt": receipt(mini, {DEC: {"reference": 25.0, "candidate": 6.1, "frontier": 6.15},
+                                       PP: {"reference": 400.0, "candidate": 350.0, "frontier": 352.0}},
+                                slots, is_main=True, baselines=bases),
+             "expect": {"label": "none", "speed_label": "none", "basis": "frontier-same-round", "claim": False,
+                        "gain": 6.1 / 6.15 - 1, "gain_tol": 0.005}},
         ]}
     out["inconclusive"] = {
         "source": "estimate noise from the run; too wide a CI is 'inconclusive', not a guess",
