@@ -136,7 +136,10 @@ def run_cmd(
     from ..lockfile import load_lock
     from ..round.run import UnsealedReceipt
 
+    from .records import ledger_kinds, written_since
+
     before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
+    lines_before = len(ledger_kinds(rounds))
     reporter = RichReporter()
     try:
         outcome = run_round(opts, reporter)
@@ -167,7 +170,35 @@ def run_cmd(
         for ch in outcome.frontier_change or []:
             console.print(f"[green]{ch.kind}[/] {ch.slot}: {ch.before:g} -> {ch.after:g} tok/s "
                           f"({ch.reps} reps, {ch.commit[:12]})", highlight=False)
+    if outcome.path:  # on stderr under --json: stdout stays the receipt alone
+        out = err_console if json_out else console
+        for line in _after_round(parsed, outcome.path, lock) + records_lines(
+                written_since(rounds, lock, lines_before, outcome.path, outcome.frontier_change or []), parsed):
+            out.print(line, highlight=False, soft_wrap=True)
     raise typer.Exit(outcome.exit_code)
+
+
+def records_lines(written: Any, r: Receipt) -> list[str]:
+    """Where a sealed round's records are, and the commit that keeps them (cli/records.py)."""
+    from .records import records_note
+
+    label = r.verdict.label if r.verdict else "aborted"
+    gain = f" ({r.verdict.gain * 100:+.2f}%)" if r.verdict and r.verdict.gain is not None else ""
+    return records_note(written, f"records: {r.target} round {r.round_id} at {r.candidate.commit[:12] or '-'}: "
+                                 f"{label}{gain}")
+
+
+def _after_round(r: Receipt, path: Path, lock: Path) -> list[str]:
+    """The next step a main round scored against a pinned slot (its frontier's commit could not run) needs."""
+    note = str((r.provenance or {}).get("frontier_arm") or "")
+    v = r.verdict
+    if not note.startswith("not measured") or v is None or v.basis != "frontier-slot" or v.label in ("BASELINE",):
+        return []
+    return [f"note: {note}",
+            "next: on a quiet box of this target's node class the verdict against the slot is a measurement; if this "
+            "is the box the target is measured on now, re-base the frontier to this round (logged, checked by "
+            f"`scoreboard verify`): scoreboard frontier rebase --target {r.target} --receipt {path} --lock {lock} "
+            "--reason '<why: e.g. the frontier commit speaks an older engine contract>'"]
 
 
 @app.command("show")

@@ -130,6 +130,15 @@ def contract_version(commit: str, repo: Path = HARNESS_ROOT) -> int:
     return int(m.group(1)) if m else 1
 
 
+def remeasure_problem(commit: str, repo: Path = HARNESS_ROOT) -> str | None:
+    """Why this harness cannot run `commit`'s engines as a round's frontier arm (None: it can): the engine contract
+    it was written against is not this harness's (contract_version; a commit the repository lacks: InputError)."""
+    from ..engine import CONTRACT_VERSION
+
+    version = contract_version(commit, repo)
+    return None if version == CONTRACT_VERSION else f"speaks engine contract {version}, this harness {CONTRACT_VERSION}"
+
+
 def resolve_main_arm(scratch: Path, repo: Path = HARNESS_ROOT, main_branch: str = "main") -> CandidateSource:
     """A PR round's main arm: the tip of refs/heads/<main_branch>, exported like any git arm (never the
     checkout, which the candidate's own processes could have written)."""

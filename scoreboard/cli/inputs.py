@@ -1,0 +1,81 @@
+"""Options checked before a command reads or writes anything: directories, sizes and target ids, each
+refused with the option's name, the value, the near match when there is one, and the fix (InputError, exit 1).
+
+A misspelled `--rounds` must not read as an empty history (every slot "hand-edited"), nor a misspelled
+`--target` as a target with no rounds yet ("no frontier has moved yet", an empty report).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import InputError
+
+
+def _near(word: str, choices: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def existing_dir(path: str | Path, option: str) -> Path:
+    """`path` when it is a directory; else InputError naming `option`, and the sibling directory it was
+    probably meant to be."""
+    p = Path(path)
+    if p.is_dir():
+        return p
+    parent = p.parent if str(p.parent) else Path(".")
+    siblings = [d.name for d in parent.iterdir() if d.is_dir()] if parent.is_dir() else []
+    near = _near(p.name, siblings)
+    what = "is a file, not a directory" if p.exists() else "directory not found"
+    hint = (f"did you mean {option} {parent / near if str(parent) != '.' else near}?" if near else
+            f"pass {option} DIR, the directory holding the receipts and ledger.jsonl (run from the repository "
+            "root for the default)")
+    raise InputError(f"{option} {path}: {what}", hint)
+
+
+def positive(value: float | int | None, option: str, unit: str, zero_means: str | None = None) -> None:
+    """Refuse a negative (or, without `zero_means`, a zero) size. `zero_means`: what 0 stands for, if allowed."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{option} {value}: must be a finite number of {unit}", f"pass {option} as a number")
+    if value < 0 or (value == 0 and zero_means is None):
+        least = "0 or more" if zero_means is not None else "a positive number"
+        tail = f" (0: {zero_means})" if zero_means is not None else ""
+        raise InputError(f"{option} {value}: a size cannot be {'negative' if value < 0 else 'zero'}; it is "
+                         f"{least} of {unit}{tail}", f"pass {option} with {least}, or omit it for the default")
+
+
+def known_target(target: str | None, lock: str | Path | None, rounds: str | Path | None = None) -> None:
+    """Refuse a `--target` that neither the lock nor the ledger knows, with the near match among both."""
+    if not target:
+        return
+    known: set[str] = set()
+    lp = Path(lock) if lock is not None else None
+    if lp is not None and lp.is_file():
+        from ..lockfile import load_lock
+
+        known |= set(load_lock(lp).targets)
+    if rounds is not None:
+        known |= _ledger_targets(Path(rounds))
+    if target in known or not known:
+        return
+    near = _near(target, known)
+    raise InputError(f"--target {target}: no such target in {lp if lp is not None and lp.is_file() else 'the lock'}"
+                     f"{' or in ' + str(Path(rounds) / 'ledger.jsonl') if rounds is not None else ''}",
+                     f"did you mean --target {near}?" if near else f"targets: {', '.join(sorted(known))}")
+
+
+def _ledger_targets(rounds: Path) -> set[str]:
+    import json
+
+    from ..errors import ScoreboardError
+    from ..history import ledger
+
+    try:
+        return {str(json.loads(raw).get("target", "")) for raw in ledger.read_lines(rounds)} - {""}
+    except (ScoreboardError, ValueError, AttributeError):
+        return set()
