@@ -258,3 +258,33 @@ def test_the_readme_lists_every_command_and_the_exit_codes():
     for where in (readme, (REPO / "docs" / "receipt-format.md").read_text(encoding="utf-8")):
         assert "| 0 |" in where and "| 1 |" in where and "| 2 |" in where
     assert "pip install -U scoreboard" not in readme
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv"])
+def test_ladder_in_markdown_and_csv(history, monkeypatch, capsys, fmt):
+    """`--format md` pastes into a PR as llama-bench -o md does; csv is one row per step with a header."""
+    import csv as csv_mod
+
+    lock, rounds, ids = history
+    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--format", fmt)
+    assert code == 0
+    lines = out.strip().splitlines()
+    if fmt == "md":
+        assert lines[0].startswith("| slot | metric | date | round |") and set(lines[1]) <= set("|-: ")
+        assert "---:" in lines[1]  # numbers right-aligned
+        assert sum(ids[3] in line for line in lines) == 2 and "| M |" in out
+    else:
+        rows = list(csv_mod.DictReader(lines))
+        assert [r["tier"] for r in rows if "DECODE" in r["slot"]] == ["BASELINE", "S", "M"]
+        assert float(rows[-1]["frontier after"]) == pytest.approx(1000.0)
+    code, _, err = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--format", "mdd")
+    assert code == 1 and "did you mean --format md" in err
+
+
+def test_the_ladder_plot_draws_decode_against_depth(history, monkeypatch, capsys, tmp_path):
+    lock, rounds, ids = history
+    plot = tmp_path / "l.svg"
+    code, _, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(plot))
+    svg = plot.read_text(encoding="utf-8")
+    assert code == 0 and 'class="depth-profile"' in svg and "context depth (tokens in the cache, log scale)" in svg
+    assert 'data-arm="reference" data-depth="512"' in svg and 'data-arm="candidate" data-depth="512"' in svg

@@ -89,6 +89,8 @@ def test_rebase_through_the_cli_is_logged_verified_and_held(tmp_path, monkeypatc
     assert verify(lock, rounds).ok, verify(lock, rounds).problems
     held = load_history(rounds, load_lock(lock), TARGET, lock)  # what the next round is judged against
     assert held.scored_frontier is not None and held.scored_frontier.round_id == r.stem
+    code, out, _ = run_cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--json", "--lock", str(lock))
+    assert code == 0 and any(s["kind"] == "frontier-rebase" for s in json.loads(out)["steps"])
 
 
 def test_rebase_goes_either_direction(tmp_path):
