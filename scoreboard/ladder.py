@@ -113,7 +113,7 @@ def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None, float 
 
     for m in receipt.speed.metrics if receipt.speed else []:
         if m.slot == slot:
-            values = []
+            values: list[float | None] = []
             for arm in ("reference", "candidate"):
                 try:
                     values.append(arm_value(m, arm))

@@ -288,3 +288,94 @@ def test_the_ladder_plot_draws_decode_against_depth(history, monkeypatch, capsys
     svg = plot.read_text(encoding="utf-8")
     assert code == 0 and 'class="depth-profile"' in svg and "context depth (tokens in the cache, log scale)" in svg
     assert 'data-arm="reference" data-depth="512"' in svg and 'data-arm="candidate" data-depth="512"' in svg
+
+
+def test_every_command_that_takes_a_target_takes_dash_t():
+    """The README says every command takes `--target/-t`: `gate show` and `gate calibrate` took a positional only,
+    `tier` and `frontier lower` had no `-t`. Checked over the real command tree, so a new command cannot miss it."""
+    import typer.main
+
+    from scoreboard.cli.main import app
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield " ".join(path), cmd
+
+    seen = []
+    for name, cmd in walk(typer.main.get_group(app), []):
+        for p in cmd.params:
+            if p.name == "target" and getattr(p, "opts", None):
+                seen.append(name)
+                assert "--target" in p.opts and "-t" in p.opts, f"{name}: {p.opts}"
+    assert {"gate show", "gate calibrate", "tier", "frontier lower", "frontier rebase", "round run", "ladder",
+            "report", "fit", "env"} <= set(seen), seen
+
+
+def test_gate_show_takes_the_target_as_an_option_and_the_old_form_with_a_note(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    code, new, err_new = cli(monkeypatch, capsys, "gate", "show", "-t", "k3-mini-cpu", "--json")
+    assert code == 0 and "deprecated" not in err_new
+    code, old, err_old = cli(monkeypatch, capsys, "gate", "show", "k3-mini-cpu", "--json")
+    assert code == 0 and json.loads(old) == json.loads(new)
+    assert "deprecated" in err_old and "scoreboard gate show --target k3-mini-cpu" in err_old
+
+
+@pytest.mark.parametrize("args,says", [
+    (["verify", "--rounds", "roundz"], "--rounds roundz: directory not found next: did you mean --rounds rounds?"),
+    (["ladder", "--target", "k3-mini-cu"], "--target k3-mini-cu: no such target"),
+    (["ladder", "--target", "k3-mini-cu"], "did you mean --target k3-mini-cpu?"),
+    (["report", "--target", "k3-mini-cu", "--out", "OUT"], "did you mean --target k3-mini-cpu?"),
+    (["report", "--rounds", "roundz", "--out", "OUT"], "did you mean --rounds rounds?"),
+    (["round", "show", "nope", "--rounds", "roundz"], "did you mean --rounds rounds?"),
+    (["gate", "show", "-t", "k3-mini-cpu", "--rounds", "roundz"], "did you mean --rounds rounds?"),
+    (["frontier", "resume", "--rounds", "roundz"], "did you mean --rounds rounds?"),
+    (["fit", "-t", "k3-mini-cpu", "--ctx", "-5"], "--ctx -5: a size cannot be negative"),
+    (["fit", "-t", "k3-mini-cpu", "--ranks", "-2", "--node-class"], "--ranks -2: a size cannot be negative"),
+    (["fit", "-t", "k3-mini-cpu", "--usable-gib", "-1"], "--usable-gib -1.0: a size cannot be negative"),
+    (["gate", "calibrate", "-t", "k3-mini-cpu", "--seeds", "-3", "--no-seal"], "--seeds -3: a size cannot be negative"),
+    (["ladder", "--format", "yaml"], "--format yaml: not one of table, json, csv, md"),
+])
+def test_a_misspelled_or_negative_option_is_an_error_naming_the_near_match(monkeypatch, capsys, tmp_path, args, says):
+    """`verify --rounds roundz` reported 12 "hand-edited" slots (exit 2); `ladder --target k3-mini-cu` said "no frontier
+    has moved yet" (exit 0); `report --target k3-mini-cu` wrote an empty report; `fit --ctx -5` priced a negative KV
+    cache. Each is an input error now: exit 1, the option and its near match named, nothing written."""
+    monkeypatch.chdir(REPO)
+    out_file = tmp_path / "r.html"
+    code, out, err = cli(monkeypatch, capsys, *[str(out_file) if a == "OUT" else a for a in args])
+    assert code == 1, (out, err)
+    assert says in err, err
+    assert not out_file.exists()
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--target", "k3-gpu-h200"], "this box is not of node class 'h200x1' that target 'k3-gpu-h200' is measured on"),
+    (["--candidate", "EMPTY"], "engines holds no sparkinfer engine"),
+    (["--reference-source", "foo://bar"], "--reference-source: reference source 'foo://bar': not 'pin', git+<url>@<rev>"),
+])
+def test_round_run_input_errors_write_nothing(tmp_path, args, says):
+    """On a CPU box `round run --target k3-gpu-h200`, and a --candidate whose engines/ is empty, each sealed an
+    ABORTED receipt and a ledger line; a bad --reference-source passed unread while the build was cached. All three
+    are refused before any receipt exists: exit 1, the next command named, the repository's history untouched."""
+    import shutil
+
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copytree(REPO / "rounds", work / "rounds")
+    shutil.copy2(REPO / "reference.lock", work / "reference.lock")
+    (tmp_path / "empty" / "engines").mkdir(parents=True)
+    before = _snapshot(work)
+    argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "scoreboard", "round", "run", *argv], capture_output=True, text=True,
+                          cwd=work, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert says in err and "next:" in err
+    assert _snapshot(work) == before

@@ -79,16 +79,22 @@ def lock(tmp_path: Path) -> Path:
     return p
 
 
-def test_a_gpu_round_on_this_box_is_refused_by_the_node_class_with_its_options_recorded(lock, tmp_path):
-    out = run_round(RoundOptions(target="k3-gpu-h200", lock_path=lock, rounds_dir=tmp_path / "rounds",
-                                 cache_dir=default_cache(), seal=False, seed=1, require_calibration=False))
-    r = out.receipt
-    assert out.exit_code == 1 and r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
-    assert "this box is not of node class 'h200x1'" in r["aborted"]["reason"]
-    assert "gpu.count: node class wants 1, this box has 0" in r["aborted"]["reason"]
-    assert r["lock_target"]["candidate_options"] == {"dtype": "float16", "cuda_graph": True}
-    assert r["provenance"]["candidate_options"]["effective"] == {"dtype": "float16", "cuda_graph": True}
-    assert not (tmp_path / "rounds").exists()
+def test_a_gpu_round_on_this_box_is_refused_by_the_node_class_before_any_receipt(lock, tmp_path):
+    """A target typed for another box is an input error: nothing is written, sealed or not (a new user's
+    `round run --target k3-gpu-h200` on a CPU box sealed an ABORTED receipt and a ledger line)."""
+    for seal in (False, True):
+        with pytest.raises(InputError, match="this box is not of node class 'h200x1'") as exc:
+            run_round(RoundOptions(target="k3-gpu-h200", lock_path=lock, rounds_dir=tmp_path / "rounds",
+                                   cache_dir=default_cache(), seal=seal, seed=1, require_calibration=False))
+        assert "gpu.count: node class wants 1, this box has 0" in exc.value.message
+        assert exc.value.hint == "run `scoreboard env --target k3-gpu-h200` and use a matching box"
+        assert not (tmp_path / "rounds").exists()
+    # the options such a round would run with (what its receipt's provenance records on the H200)
+    from scoreboard.round.run import candidate_options
+
+    opts = RoundOptions(target="k3-gpu-h200", lock_path=lock)
+    assert candidate_options(load_lock(lock).target("k3-gpu-h200"), opts, "k3-gpu-h200") == \
+        {"dtype": "float16", "cuda_graph": True}
 
 
 def test_round_overrides_are_checked_before_anything_runs(lock, tmp_path):

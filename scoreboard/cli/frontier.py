@@ -117,6 +117,9 @@ def resume(
 ) -> None:
     """Finish a round interrupted after sealing, or re-chain every receipt the ledger lost whose place
     in the chain its seal proves (with the frontier-raise lines between them)."""
+    from .inputs import existing_dir
+
+    existing_dir(rounds, "--rounds")
     before = len(ledger_kinds(Path(rounds)))
     if receipt is not None:
         rec = resume_round(receipt, rounds, lock)

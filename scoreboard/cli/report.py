@@ -27,8 +27,10 @@ def command(
 
     if not out.parent.is_dir():
         raise InputError(f"--out {out}: directory {out.parent} not found", "create it or pick another path")
-    if not rounds.is_dir():
-        raise InputError(f"--rounds {rounds}: directory not found", "run from the repository root or pass --rounds DIR")
+    from .inputs import existing_dir, known_target
+
+    existing_dir(rounds, "--rounds")
+    known_target(target, lock, rounds)  # a misspelled one would write an empty report
     rep = build_report(rounds, lock if lock.is_file() else None, target)
     atomic_write_text(out, rep.html)
     bad = [r.path.name for r in rep.unverified]

@@ -212,6 +212,9 @@ def show_cmd(
     """Render a receipt: gate per depth, speed per metric, verdict and its explanation."""
     path = Path(round_id) if round_id.endswith(".json") else rounds / f"{round_id}.json"
     if not path.exists():
+        from .inputs import existing_dir
+
+        existing_dir(rounds, "--rounds")
         matches = sorted(rounds.glob(f"*{round_id}*.json"))
         if len(matches) != 1:
             raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else

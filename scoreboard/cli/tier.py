@@ -44,7 +44,7 @@ def _speed_table(receipt: Receipt, target: Target) -> None:
 def command(
     receipt: Optional[Path] = typer.Option(None, "--receipt", help="a round receipt (rounds/<round_id>.json)"),
     claim: Optional[float] = typer.Option(None, "--claim", help="a claimed value (tok/s) to label as a claim"),
-    target: Optional[str] = typer.Option(None, "--target", help="target id (with --claim)"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="target id (with --claim)"),
     metric: str = typer.Option("scored", "--metric", help="with --claim: `scored`, `phase@depth` or a slot name"),
     lock: Optional[Path] = typer.Option(None, "--lock", help="score with this lock's current policy "
                                         "(default: the policy recorded in the receipt; --claim reads "

@@ -21,6 +21,9 @@ def command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Verify every receipt's seal, the ledger chain, and that every slot is backed by a sealed receipt."""
+    from .inputs import existing_dir
+
+    existing_dir(rounds, "--rounds")  # a misspelled one would read as an empty history: every slot "hand-edited"
     report = verify(lock, rounds, public_key)
     if json_out:
         print_json(report.as_dict())

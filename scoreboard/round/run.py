@@ -292,6 +292,7 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     # error, never an observation about the box, so it is refused before any receipt exists. Every git arm
     # is a clean export of its commit into this round's private scratch.
     src = cand_mod.resolve(opts.candidate, scratch, opts.repo, branch)
+    cand_mod.require_engine(src, lock.target(opts.target).candidate_engine)
     main_src = None if src.is_main else cand_mod.resolve_main_arm(scratch, opts.repo, branch)
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
@@ -328,13 +329,16 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
 def check_inputs(opts: RoundOptions, lock: Lock) -> None:
     """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1).
 
-    Only facts that need no measurement belong here: the options, the target's names and engines, the
-    generated weights' file list, whether the weights can seal at all. What needs the box (hashing
-    shards, the node class, building the reference, running an engine) is observed by the round.
+    Only facts that need no measurement belong here: the options (--reference-source parsed too), the
+    target's names and engines, the generated weights' file list, whether the weights can seal at all, and
+    whether this box is of the target's node class at all (a target typed for another box). What else needs
+    the box (hashing shards, building the reference, running an engine) is observed by the round.
     """
     from .. import registry
+    from .stages import check_reference_source, refuse_other_node
 
     t = lock.target(opts.target)
+    check_reference_source(opts.reference_source)
     if opts.seed is not None and not 0 <= opts.seed < 2 ** 63:
         raise InputError(f"--seed {opts.seed}: must be an integer from 0 to 2**63-1",
                          "omit --seed for an unpredictable one, or pass e.g. --seed 7")
@@ -369,6 +373,7 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
                          "not seal what it measures",
                          f"pin them first: `scoreboard pin weights --target {opts.target} --revision <40-hex Hub commit>` "
                          "(or run with --no-seal for an unsealed trial)")
+    refuse_other_node(lock, opts.target, allow=opts.allow_node_mismatch)
 
 
 def _preflight(rnd: Round) -> Preflight:

@@ -71,11 +71,37 @@ def fingerprint(ctx: RoundContext) -> dict[str, Any]:
 
 def check_node(ctx: RoundContext, fp: Mapping[str, Any]) -> None:
     """Refuse a box that is not of the target's node class (unless the round allows a mismatch)."""
-    t = ctx.target
-    bad = environment.node_mismatches(dict(fp), ctx.lock.nodes[t.node])
-    if bad and not ctx.allow_node_mismatch:
-        raise InputError(f"this box is not of node class {t.node!r} that target {ctx.target_id!r} is measured on:\n  "
-                         + "\n  ".join(bad), f"run `scoreboard env --target {ctx.target_id}` and use a matching box")
+    refuse_other_node(ctx.lock, ctx.target_id, fp, ctx.allow_node_mismatch)
+
+
+def refuse_other_node(lock: Any, target_id: str, fp: Mapping[str, Any] | None = None, allow: bool = False) -> None:
+    """InputError naming every field in which this box (`fp`, default: its fingerprint now) is not of the target's
+    node class. The round asks before any receipt exists (run.check_inputs: a target typed for another box is an
+    input error, nothing is written; no candidate process has run, so the box's fingerprint is the box's) and
+    again in preflight, where the fingerprint it records is checked."""
+    t = lock.target(target_id)
+    bad = environment.node_mismatches(dict(fp if fp is not None else environment.fingerprint()), lock.nodes[t.node])
+    if bad and not allow:
+        raise InputError(f"this box is not of node class {t.node!r} that target {target_id!r} is measured on:\n  "
+                         + "\n  ".join(bad), f"run `scoreboard env --target {target_id}` and use a matching box")
+
+
+def check_reference_source(spec: str | None) -> None:
+    """`--reference-source` (None: $SCOREBOARD_REFERENCE_SOURCE) parsed before anything runs, also when the build
+    is cached and the source is never fetched: a typo is refused, not ignored until the next rebuild."""
+    try:
+        from engines.llamacpp.source import SOURCE_ENV, ReferenceSource
+    except ImportError:  # the reference plugin is not installed here: its transport is not ours to read
+        return
+    import os
+
+    if spec is None and not os.environ.get(SOURCE_ENV, "").strip():
+        return
+    try:
+        ReferenceSource.parse(spec)
+    except InputError as exc:
+        where = "--reference-source" if spec is not None else f"${SOURCE_ENV}"
+        raise InputError(f"{where}: {exc.message}", exc.hint) from None
 
 
 def weights(ctx: RoundContext) -> tuple[tuple[Path, ...], WeightsRec]:
