@@ -125,17 +125,24 @@ def test_lock_options_reach_the_engine_and_round_overrides_win_key_by_key(lock, 
 
 
 def test_the_cli_runs_the_gpu_target_and_refuses_it_until_it_is_calibrated(lock, tmp_path):
-    """From the CLI the GPU target loads, its options validate, and the round refuses it before anything runs
-    until `scoreboard gate calibrate k3-gpu-h200` has sealed a calibration of its bars (nothing written)."""
+    """From the CLI the GPU target loads and its options validate; on this CPU box the node class refuses it
+    first, and on a box of the class the round refuses it until `scoreboard gate calibrate k3-gpu-h200` has
+    sealed a calibration of its bars (nothing written either way)."""
     import subprocess
     import sys
+
+    from scoreboard.calibrate import check_calibration
 
     out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--target", "k3-gpu-h200",
                           "--lock", str(lock), "--rounds", str(tmp_path / "rounds"), "--no-seal", "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
     err = " ".join(out.stderr.split())
-    assert "'k3-gpu-h200' has no calibration" in err and "scoreboard gate calibrate k3-gpu-h200" in err
+    assert "not of node class 'h200x1'" in err and "scoreboard env --target k3-gpu-h200" in err
+    with pytest.raises(InputError) as exc:
+        check_calibration(load_lock(lock), "k3-gpu-h200", tmp_path / "rounds")
+    text = exc.value.message + " " + (exc.value.hint or "")
+    assert "'k3-gpu-h200' has no calibration" in text and "scoreboard gate calibrate k3-gpu-h200" in text
     assert not (tmp_path / "rounds").exists()
 
 
