@@ -61,10 +61,11 @@ def decode_profile(receipt: Receipt) -> dict[str, list[DepthPoint]]:
             for a in sorted(out, key=lambda a: (order.get(a, len(order)), a))}
 
 
-def receipt_curves(receipt: Receipt, prefix: str = "", opacity: float = 1.0) -> list[Curve]:
-    """Every arm of the receipt as a curve (`prefix` names the receipt when several are drawn together)."""
-    return [Curve(f"{prefix}{arm}", arm, tuple(pts), "6 4" if arm == "reference" else "", opacity)
-            for arm, pts in decode_profile(receipt).items()]
+def receipt_curves(receipt: Receipt, prefix: str = "", opacity: float = 1.0, dash: str | None = None) -> list[Curve]:
+    """Every arm of the receipt as a curve (`prefix` names the receipt when several are drawn together; `dash`
+    draws all of its arms so, else the reference dashed and the rest solid)."""
+    return [Curve(f"{prefix}{arm}", arm, tuple(pts), dash if dash is not None else "6 4" if arm == "reference" else "",
+                  opacity) for arm, pts in decode_profile(receipt).items()]
 
 
 def profile_rows(receipt: Receipt) -> tuple[list[tuple[int, int]], dict[str, dict[tuple[int, int], float]]]:
@@ -123,8 +124,9 @@ def profile_svg(curves: Sequence[Curve], title: str, subtitle: str = "", y0: int
              'decode (tok/s, higher is better)</text>')
     p.append(f'<text x="{(px0 + px1) / 2:.0f}" y="{y0 + h - 8}" text-anchor="middle">'
              'context depth (tokens in the cache, log scale)</text>')
-    shown = list(dict.fromkeys((c.label, ARM_COLORS.get(c.arm, CAND), c.dash) for c in curves if c.opacity >= 1))
-    p.append(legend(px1 - min(6.6 * sum(len(s[0]) + 6 for s in shown), px1 - px0 - 200), y0 + 34, shown[:5]))
+    named = curves if len(curves) <= 4 else [c for c in curves if c.opacity >= 1]  # a ladder's many rounds: the latest
+    shown = list(dict.fromkeys((c.label, ARM_COLORS.get(c.arm, CAND), c.dash) for c in named))[:4]
+    p.append(legend(max(px1 - sum(36 + 6.6 * len(s[0]) for s in shown), px0 + 160), y0 + 34, shown))
     for c in curves:
         color = ARM_COLORS.get(c.arm, CAND)
         xy = [(x(q.depth), y(q.value)) for q in c.points]

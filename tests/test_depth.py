@@ -16,19 +16,30 @@ PROFILE = (1024, 16384, 65536, 131072)
 
 
 def profile_receipt(values: dict[int, float] | None = None) -> dict:
-    """A sealed-shape receipt whose speed holds decode at four depths (1024 scored, the rest guards) and the
+    """A sealed-shape receipt whose target scores decode at four depths (1024 scored, the rest guards) beside the
     prefill guard: the candidate falls with depth as `values` says, the reference at 0.8x of it."""
+    from scoreboard.lockfile import Metric, Target
+
     values = values or {1024: 50.0, 16384: 40.0, 65536: 25.0, 131072: 16.0}
     r = make_receipt(candidate_tps=values[1024], reference_tps=values[1024] * 0.8, block_drift=True)
+    lt = r["lock_target"]
+    dec_metric = next(m for m in lt["metrics"] if m["phase"] == "decode")
+    lt["metrics"] = [{**dec_metric, "depth": d, "role": "scored" if d == 1024 else "guard"} for d in PROFILE] + \
+        [m for m in lt["metrics"] if m["phase"] != "decode"]
+    lt["geometry"]["n_ctx"] = 131072 + 64
+    lt["gate"]["depths"] = [1024]
+    target = Target.model_validate(lt)
     dec = r["speed"]["metrics"][0]
     dec["depth"] = 1024
+    dec["slot"] = target.slot("sparkinfer", Metric(phase="decode", depth=1024, n_tokens=32, role="scored"))
     for depth in PROFILE[1:]:
         m = copy.deepcopy(dec)
         scale = values[depth] / values[1024]
         for arm in m["arms"].values():
             for b in arm["blocks"]:
                 b["samples_ns"] = [round(ns / scale) for ns in b["samples_ns"]]
-        m.update(depth=depth, role="guard", slot=f"X_{depth}")
+        m.update(depth=depth, role="guard",
+                 slot=target.slot("sparkinfer", Metric(phase="decode", depth=depth, n_tokens=32, role="guard")))
         r["speed"]["metrics"].insert(-1, m)
     return r
 

@@ -79,3 +79,26 @@ def _ledger_targets(rounds: Path) -> set[str]:
         return {str(json.loads(raw).get("target", "")) for raw in ledger.read_lines(rounds)} - {""}
     except (ScoreboardError, ValueError, AttributeError):
         return set()
+
+
+def receipt_path(ref: str, rounds: str | Path, option: str = "ID") -> Path:
+    """A receipt named by `ref`: a path to a .json file, a round id under `rounds`, or a unique part of one."""
+    if ref.endswith(".json"):
+        p = Path(ref)
+        if not p.is_file():
+            raise InputError(f"{option} {ref}: receipt not found", "receipts live in rounds/<round_id>.json")
+        return p
+    d = Path(rounds)
+    p = d / f"{ref}.json"
+    if p.is_file():
+        return p
+    existing_dir(d, "--rounds")
+    matches = sorted(x for x in d.glob(f"*{ref}*.json") if not x.name.startswith("."))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        near = _near(ref, [x.stem for x in d.glob("*.json")])
+        raise InputError(f"no receipt {ref!r} in {d}/", f"did you mean {near}?" if near else f"list them with `ls {d}/`")
+    raise InputError(f"{ref!r} matches {len(matches)} receipts in {d}/: "
+                     + ", ".join(x.stem for x in matches[:4]) + (" ..." if len(matches) > 4 else ""),
+                     "pass more of the round id")

@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("env", "env"),
     ("round", "round"),
     ("ladder", "ladder"),
+    ("compare", "compare"),
     ("audit-pins", "audit_pins"),
     ("pin", "pin"),
     ("weights", "weights"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -207,26 +207,34 @@ def show_cmd(
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts directory"),
     lock: Path = typer.Option(Path("reference.lock"), "--lock",
                               help="baseline slots for the reference-drift warning (skipped when absent)"),
-    json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON"),
+    json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON (= --format json)"),
+    fmt: Optional[str] = typer.Option(None, "--format", metavar="table|json|csv|md",
+                                      help="output format (json: the receipt; csv, md: the speed per metric and arm)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE",
+                                        help="also write decode tok/s against depth for every arm (SVG)"),
 ) -> None:
-    """Render a receipt: gate per depth, speed per metric, verdict and its explanation."""
-    path = Path(round_id) if round_id.endswith(".json") else rounds / f"{round_id}.json"
-    if not path.exists():
-        from .inputs import existing_dir
-
-        existing_dir(rounds, "--rounds")
-        matches = sorted(rounds.glob(f"*{round_id}*.json"))
-        if len(matches) != 1:
-            raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else
-                             f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
-        path = matches[0]
+    """Render a receipt: gate per depth, speed per metric, decode by depth, verdict and its explanation."""
     from ..history.sealed import read_sealed
+    from .formats import flat, pick_format
+    from .inputs import receipt_path
+    from .receipt_view import SPEED_COLUMNS, speed_rows, verdict_line, write_depth_plot
 
+    out_fmt = pick_format(fmt, json_out)
+    if plot is not None and not plot.parent.is_dir():
+        raise InputError(f"--plot {plot}: directory {plot.parent} not found", "create it or pick another path")
+    path = receipt_path(round_id, rounds)
     parsed = read_sealed(path).receipt  # the seal before anything is rendered: exit 2 when edited/unsealed
-    if json_out:
+    if out_fmt == "json":
         print_json(parsed.model_dump(mode="json", by_alias=True))
-        return
-    render(parsed, _drift_vs_lock(parsed, lock))
+    elif out_fmt in ("csv", "md"):
+        print(flat(SPEED_COLUMNS, speed_rows(parsed), out_fmt))
+        if out_fmt == "md":
+            print("\n" + verdict_line(parsed))
+    else:
+        render(parsed, _drift_vs_lock(parsed, lock))
+    if plot is not None:
+        written = write_depth_plot(parsed, plot)
+        (console if out_fmt == "table" else err_console).print(f"plot: {written}", highlight=False)
 
 
 def _drift_vs_lock(receipt: Receipt, lock: Path) -> list[str]:
@@ -278,7 +286,10 @@ def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) ->
             console.print(f"checked decode {g['metric']}: greedy tokens match the reference's argmax on "
                           f"{g['top1_vs_reference']:.3f} of positions")
     if r.speed:
+        from .receipt_view import depth_table
+
         _speed_table(r)
+        depth_table(r)
         for w in drift or []:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
     _memory(r.environment)
