@@ -32,7 +32,7 @@ def command(
     existing_dir(rounds, "--rounds")
     known_target(target, lock, rounds)  # a misspelled one would write an empty report
     rep = build_report(rounds, lock if lock.is_file() else None, target)
-    atomic_write_text(out, rep.html)
+    atomic_write_text(out, rep.html, mode=0o644)  # a page to publish: readable by the web server, like any file
     bad = [r.path.name for r in rep.unverified]
     if json_out:
         print_json({"out": str(out), "rounds": len(rep.rounds), "steps": len(rep.steps), "unverified": bad,
