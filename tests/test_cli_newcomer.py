@@ -379,3 +379,27 @@ def test_round_run_input_errors_write_nothing(tmp_path, args, says):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert says in err and "next:" in err
     assert _snapshot(work) == before
+
+
+def test_a_long_stage_shows_what_is_left():
+    """Stages of more than a minute (the speed stage on a 2-core box: many minutes) say how long is left, from
+    the pace of their own progress events; a short one says nothing."""
+    from rich.console import Console
+
+    from scoreboard.cli.progress import eta_text
+    from scoreboard.cli.round import RichReporter
+
+    assert eta_text(40.0, 2, 10) == "~3 min 20 s left"  # 20 s a block, 10 to go
+    assert eta_text(10.0, 5, 5) == ""  # 20 s in all: short
+    assert eta_text(0.0, 0, 8) == "" and eta_text(30.0, 3, 0) == ""
+    now = [0.0]
+    buf = io.StringIO()
+    rep = RichReporter(Console(file=buf, force_terminal=False, width=200), interval=5.0, clock=lambda: now[0])
+    rep("stage", name="speed")
+    for done, msg in ((0, "block 0: reference"), (1, "block 0: candidate"), (2, "block 1: reference")):
+        rep("progress", task="speed blocks", done=done, total=8, message=msg)
+        now[0] += 30.0  # 30 s a launch
+    rep.close()
+    text = buf.getvalue()
+    assert "speed blocks 1/8 block 0: candidate (~3 min 30 s left)" in text, text
+    assert "speed blocks 2/8 block 1: reference (~3 min 00 s left)" in text, text

@@ -257,7 +257,11 @@ class GateStage:
         greedy_check: list[dict[str, Any]] = []
         prefill_check: list[dict[str, Any]] = []
         failed: list[str] = []
+        total = sum(len(v.reveals) for v in self.variants)  # one reference pass per variant: the gate's long part
+        done = 0
         for var, outs in zip(self.variants, outputs):
+            self.ctx.report("progress", task="checked outputs", done=done, total=total, message=var.key)
+            done += len(var.reveals)
             w = var.workload
             if len(outs) != len(var.reveals) or any(len(o) != w.output_len for o in outs):
                 raise EngineError(f"{var.key}: the checked run returned {[len(o) for o in outs]} ids per variant, "
@@ -272,6 +276,7 @@ class GateStage:
                 rows, why = self.judge_prefill(var, outs, pol)
                 prefill_check += rows
             failed += why
+        self.ctx.report("progress", task="checked outputs", done=total, total=total, message="done")
         d = result.as_dict()
         return GateRec.model_validate({
             "depths": d["depths"], "worst": d["worst"], "pass": d["pass"] and not failed, "flagged": d["flagged"],
