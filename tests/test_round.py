@@ -132,6 +132,9 @@ def test_cli_main_job_and_show(lock, tmp_path):
     assert "verdict: BASELINE" in proc.stdout
     receipts = sorted(rounds.glob("*.json"))
     assert len(receipts) == 1
+    said = " ".join(proc.stdout.split())  # where the records went, and what to do with them
+    assert f"records: receipt {receipts[0]}" in said and "+2 line(s): round, frontier-raise" in said, said
+    assert f"lock {lock}" in said and "next:" in said
     show = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(receipts[0])],
                           capture_output=True, text=True, cwd=tmp_path)
     assert show.returncode == 0 and "correctness gate" in show.stdout and "speed" in show.stdout

@@ -270,3 +270,22 @@ def test_a_rounds_sealed_receipt_keeps_the_golden_key_set_types_and_gate(kind, l
     assert out.receipt == {k: v for k, v in sealed.items() if k != "seal"}  # the outcome is the sealed body
     # tiers scores the parsed Receipt to the verdict the round scored from its typed sections
     assert verdict_from_receipt(parse_receipt(sealed)).as_dict() == sealed["verdict"]
+
+
+def test_a_pr_that_makes_the_engine_slower_is_a_sealed_regression_and_exits_2(lock, candidate_repo, cache, tmp_path):
+    """A PR commit whose decode takes 1.5x as long as main's, measured beside main in the same round: the scored
+    metric's whole CI lies below -guard_tolerance, so the round is a regression (exit 2), not none (exit 0)."""
+    (candidate_repo / "engines" / "toy" / "SLOW").write_text("1.5\n")
+    git(candidate_repo, "checkout", "-q", "-b", "slow")
+    git(candidate_repo, "add", "-A")
+    git(candidate_repo, "commit", "-q", "-m", "a slower decode")
+    sha = git(candidate_repo, "rev-parse", "HEAD")
+    git(candidate_repo, "checkout", "-q", "main")
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate=sha, blocks=3)
+    r = out.receipt
+    assert r["status"] == "verdict" and r["gate"]["pass"], r["aborted"]
+    v = r["verdict"]
+    assert (v["label"], v["basis"], out.exit_code) == ("regression", "main-same-round", 2), v
+    assert v["gain_ci"][1] < -0.05 and any("(guard_tolerance)" in x for x in v["reasons"])
+    assert out.path is not None and verify_all(lock, tmp_path / "rounds").ok  # sealed and on the ledger
+    assert verdict_from_receipt(parse_receipt(json.loads(out.path.read_text()))).as_dict() == v

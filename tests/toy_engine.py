@@ -12,7 +12,8 @@ outputs still self-consistent), "raise_in_prepare" (an engine bug), "exit_in_pre
 without a result) and "forge_result" (the process writes a malformed result file and exits).
 A tree that holds `engines/toy/VARY` (a commit's own file, not an option: options are the target's, the same
 for every arm) decodes differently on every other launch: "last" flips a decode's last token (a run-dependent
-sum order that moves one argmax), "all" flips every token (a broken commit).
+sum order that moves one argmax), "all" flips every token (a broken commit). A tree that holds
+`engines/toy/SLOW` (a number) takes that many times as long per decoded token: a commit that made decode slower.
 """
 
 from __future__ import annotations
@@ -109,19 +110,25 @@ class ToyEngine(Engine):
 
     def step(self, prepared, state, revealed):
         seq, workload = list(state[0]) + list(revealed), state[1]
+        step_s = STEP_S * _slow()
         if workload.phase == "prefill":
             time.sleep(STEP_S)
             return [int(np.argmax(row(seq, prepared.handle)))]
         vary = _vary()
         out = []
         for k in range(workload.n_tokens):
-            time.sleep(STEP_S)
+            time.sleep(step_s)
             tok = int(np.argmax(row(seq, prepared.handle)))
             if _LAUNCH % 2 and (vary == "all" or (vary == "last" and k == workload.n_tokens - 1)):
                 tok = (tok + 1) % VOCAB
             out.append(tok)
             seq.append(tok)
         return out
+
+
+def _slow() -> float:
+    f = Path(__file__).with_name("SLOW")
+    return float(f.read_text()) if f.exists() else 1.0
 
 
 def _vary() -> str:
