@@ -36,6 +36,22 @@ def existing_dir(path: str | Path, option: str) -> Path:
     raise InputError(f"{option} {path}: {what}", hint)
 
 
+def new_or_existing_dir(path: str | Path, option: str) -> Path:
+    """`path` for a command that may create it (`round run --rounds` on a fresh history): refused only when it does
+    not exist and a sibling directory with a near name does (`--rounds roundz` beside `rounds`), so a typo is
+    not taken for a new, empty history."""
+    p = Path(path)
+    if p.exists():
+        return existing_dir(p, option)
+    parent = p.parent if str(p.parent) else Path(".")
+    near = _near(p.name, [d.name for d in parent.iterdir() if d.is_dir()] if parent.is_dir() else [])
+    if near:
+        raise InputError(f"{option} {path}: directory not found, and {parent / near} is",
+                         f"did you mean {option} {parent / near if str(parent) != '.' else near}? (for a new history "
+                         f"create it first: mkdir {path})")
+    return p
+
+
 def positive(value: float | int | None, option: str, unit: str, zero_means: str | None = None) -> None:
     """Refuse a negative (or, without `zero_means`, a zero) size. `zero_means`: what 0 stands for, if allowed."""
     if value is None:

@@ -56,8 +56,10 @@ def run_cmd(
     from ..lockfile import load_lock
     from ..round.run import UnsealedReceipt
 
+    from .inputs import new_or_existing_dir
     from .records import ledger_kinds, written_since
 
+    new_or_existing_dir(rounds, "--rounds")
     before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
     lines_before = len(ledger_kinds(rounds))
     reporter = RichReporter()

@@ -120,7 +120,8 @@ def plan_rebase(data: Receipt, lock_path: str | os.PathLike[str],
         raise InputError(f"target {data.target!r} has no pinned frontier slot to re-base",
                          "a main round sets the BASELINE by itself: `scoreboard round run`")
     if not any(c.kind == "frontier" for c in changes):
-        raise InputError(f"round {data.round_id} measured exactly the pinned frontier slots: nothing to re-base")
+        raise InputError(f"round {data.round_id} measured exactly the pinned frontier slots: nothing to re-base",
+                         "the slots already hold what it measured: `scoreboard frontier show`")
     return changes, findings
 
 
