@@ -46,25 +46,29 @@ def run_cmd(
              "SCOREBOARD_REFERENCE_SOURCE)"),
 ) -> None:
     """Preflight, gate before speed, interleaved timing, verdict, seal, raise-only frontier."""
-    from ..round.run import RoundOptions, run_round
+    from ..lockfile import load_lock
+    from ..round.run import RoundOptions
+    from .inputs import new_or_existing_dir
+    from .records import ledger_kinds
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
                         renew_reference_anchor=renew_reference_anchor, reference_source=reference_source)
-    from ..drift import reference_drift
-    from ..history.receipt import parse_receipt
-    from ..lockfile import load_lock
-    from ..round.run import UnsealedReceipt
-
-    from .inputs import new_or_existing_dir
-    from .records import ledger_kinds, written_since
-
     new_or_existing_dir(rounds, "--rounds")
     before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
     lines_before = len(ledger_kinds(rounds))
+    outcome = _run_with_progress(opts)
+    _print_outcome(outcome, opts, json_out, before, lines_before)
+    raise typer.Exit(outcome.exit_code)
+
+
+def _run_with_progress(opts: Any) -> Any:
+    """The round with its progress on stderr; an unsealed receipt is printed before its error."""
+    from ..round.run import UnsealedReceipt, run_round
+
     reporter = RichReporter()
     try:
-        outcome = run_round(opts, reporter)
+        return run_round(opts, reporter)
     except UnsealedReceipt as exc:  # print the kept receipt, then the error (exit 1) names its path
         reporter.close()
         print_json(json.loads(exc.path.read_text(encoding="utf-8")))
@@ -72,10 +76,18 @@ def run_cmd(
     except KeyboardInterrupt:
         reporter.close()
         err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched "
-                          f"(next: `scoreboard round run --target {target}` again)")
+                          f"(next: `scoreboard round run --target {opts.target}` again)")
         raise typer.Exit(130) from None
     finally:
         reporter.close()  # a live progress bar must not swallow the interrupt/error message
+
+
+def _print_outcome(outcome: Any, opts: Any, json_out: bool, before: dict[str, float], lines_before: int) -> None:
+    """The receipt (rendered, or as JSON on stdout), drift warnings, slot changes, then where the records are."""
+    from ..drift import reference_drift
+    from ..history.receipt import parse_receipt
+    from .records import written_since
+
     parsed = parse_receipt(outcome.receipt)
     drift = reference_drift(parsed, None, before)
     if json_out:
@@ -86,18 +98,18 @@ def run_cmd(
         render(parsed, drift)
         if outcome.path:
             console.print(f"receipt: {outcome.path}")
-        elif seal and outcome.receipt["status"] == "verdict":
+        elif opts.seal and outcome.receipt["status"] == "verdict":
             console.print("[yellow]not sealed[/]: the target's weights are not fully pinned "
-                          f"(next: `scoreboard pin weights --target {target} --revision <sha>`)")
+                          f"(next: `scoreboard pin weights --target {opts.target} --revision <sha>`)")
         for ch in outcome.frontier_change or []:
             console.print(f"[green]{ch.kind}[/] {ch.slot}: {ch.before:g} -> {ch.after:g} tok/s "
                           f"({ch.reps} reps, {ch.commit[:12]})", highlight=False)
     if outcome.path:  # on stderr under --json: stdout stays the receipt alone
         out = err_console if json_out else console
-        for line in _after_round(parsed, outcome.path, lock) + records_lines(
-                written_since(rounds, lock, lines_before, outcome.path, outcome.frontier_change or []), parsed):
+        written = written_since(opts.rounds_dir, opts.lock_path, lines_before, outcome.path,
+                                outcome.frontier_change or [])
+        for line in _after_round(parsed, outcome.path, opts.lock_path) + records_lines(written, parsed):
             out.print(line, highlight=False, soft_wrap=True)
-    raise typer.Exit(outcome.exit_code)
 
 
 def records_lines(written: Any, r: Receipt) -> list[str]:
