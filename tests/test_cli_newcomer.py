@@ -325,7 +325,7 @@ def test_gate_show_takes_the_target_as_an_option_and_the_old_form_with_a_note(mo
 
 
 @pytest.mark.parametrize("args,says", [
-    (["verify", "--rounds", "roundz"], "--rounds roundz: directory not found next: did you mean --rounds rounds?"),
+    (["verify", "--rounds", "roundz"], "--rounds roundz: directory not found, and rounds is next: did you mean --rounds rounds?"),
     (["round", "run", "--rounds", "roundz"], "did you mean --rounds rounds? (for a new history create it first"),
     (["ladder", "--target", "k3-mini-cu"], "--target k3-mini-cu: no such target"),
     (["ladder", "--target", "k3-mini-cu"], "did you mean --target k3-mini-cpu?"),

@@ -37,9 +37,9 @@ def existing_dir(path: str | Path, option: str) -> Path:
 
 
 def new_or_existing_dir(path: str | Path, option: str) -> Path:
-    """`path` for a command that may create it (`round run --rounds` on a fresh history): refused only when it does
-    not exist and a sibling directory with a near name does (`--rounds roundz` beside `rounds`), so a typo is
-    not taken for a new, empty history."""
+    """`path` for a command that may create it or read its absence (`round run --rounds` on a fresh history,
+    `verify` of a lock with no history): refused only when it does not exist and a sibling directory with a near
+    name does (`--rounds roundz` beside `rounds`), so a typo is not taken for a new, empty history."""
     p = Path(path)
     if p.exists():
         return existing_dir(p, option)

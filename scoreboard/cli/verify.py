@@ -21,9 +21,11 @@ def command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Verify every receipt's seal, the ledger chain, and that every slot is backed by a sealed receipt."""
-    from .inputs import existing_dir
+    from .inputs import new_or_existing_dir
 
-    existing_dir(rounds, "--rounds")  # a misspelled one would read as an empty history: every slot "hand-edited"
+    # a misspelled one would read as an empty history (every slot "hand-edited"); a missing one with no near
+    # name is a history that never was, and is reported as such
+    new_or_existing_dir(rounds, "--rounds")
     report = verify(lock, rounds, public_key)
     if json_out:
         print_json(report.as_dict())
