@@ -190,16 +190,19 @@ def _standing(views: list[RoundView], lock: Any) -> str:
     for st in standings([v.receipt for v in views if v.receipt is not None], lock):
         r, v = st.latest, st.latest.verdict
         gain = "" if v is None or v.gain is None else f" {v.gain * 100:+.2f}%"
+        today = "" if st.rederived is None else (
+            f' <span class=dim>as sealed; re-derived today by scoreboard tier --receipt:</span> '
+            f'<span class="label {escape(st.rederived)}">{escape(st.rederived)}</span>')
         items = []
         for s in st.slots:
-            vs = "" if s.reference is None else f" vs reference {s.reference:.4g}" + (
+            vs = "" if s.reference is None else f" vs reference {_num(s.reference)}" + (
                 f": <b>{s.ratio:.3f}x</b>" if s.ratio is not None else "")
             where = (f' <span class="dim">({escape(s.commit[:8])}, <a href="#{escape(s.round_id)}" class=mono>'
                      f'{escape(s.round_id[:16])}</a>)</span>' if s.round_id else "")
             items.append(f"<li>{escape(s.metric)} <span class=dim>({escape(s.role)})</span>: frontier "
-                         + (f"<b>{s.frontier:.4g}</b> tok/s" if s.frontier else "none yet") + vs + where + "</li>")
+                         + (f"<b>{_num(s.frontier)}</b> tok/s" if s.frontier else "none yet") + vs + where + "</li>")
         blocks.append(f'<div class="card standing" data-target="{escape(st.target)}"><h3>{escape(st.target)} '
-                      f'<span class="label {escape(st.label)}">{escape(st.label)}</span>{escape(gain)}</h3>'
+                      f'<span class="label {escape(st.label)}">{escape(st.label)}</span>{escape(gain)}{today}</h3>'
                       f'<p class=dim>latest round <a href="#{escape(r.round_id)}" class=mono>{escape(r.round_id)}</a>'
                       f" ({escape(r.candidate.label)} {escape(r.candidate.commit[:12])})</p>"
                       + (f"<ul>{''.join(items)}</ul>" if items else "<p>no slot measured yet</p>") + "</div>")
@@ -208,6 +211,11 @@ def _standing(views: list[RoundView], lock: Any) -> str:
     return ('<h2>Where each target stands</h2><p class=dim>per slot the frontier (raise-only, from sealed main '
             "rounds) against the reference engine's baseline; each target's latest sealed verdict; targets whose "
             "latest verdict is a regression first.</p>" + "".join(blocks))
+
+
+def _num(v: float) -> str:
+    """tok/s for reading: 50,975 and 946.9, never 5.097e+04."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _verification(views: list[RoundView], lock: Any, lock_path: Any, verify_problems: list[str]) -> str:

@@ -39,6 +39,7 @@ class TargetStanding:
     target: str
     latest: Receipt  # the latest sealed receipt of the target (any candidate)
     slots: tuple[SlotStanding, ...] = field(default_factory=tuple)
+    rederived: str | None = None  # the label today's rules re-derive from its raw samples, when not the sealed one
 
     @property
     def label(self) -> str:
@@ -47,7 +48,24 @@ class TargetStanding:
 
     @property
     def rank(self) -> int:
-        return RANK.get(self.label, len(RANK))
+        """Its place by what the record means today: a round sealed as none that re-derives as a regression is
+        listed with the regressions."""
+        return min(RANK.get(self.label, len(RANK)), RANK.get(self.rederived or "", len(RANK)))
+
+
+def rederive(r: Receipt) -> str | None:
+    """The label `scoreboard tier --receipt` computes for `r` under the policy it recorded, when it differs from
+    the sealed one (receipts sealed before a rule existed: a regression sealed as none); None otherwise."""
+    from .errors import ScoreboardError
+    from .tiers import verdict_from_receipt
+
+    if r.verdict is None:
+        return None
+    try:
+        label = verdict_from_receipt(r).label
+    except ScoreboardError:
+        return None
+    return label if label != r.verdict.label else None
 
 
 def _from_lock(lock: Lock, t: Target) -> tuple[SlotStanding, ...]:
@@ -90,5 +108,5 @@ def standings(receipts: Sequence[Receipt], lock: Lock | None) -> list[TargetStan
             slots = _from_lock(lock, lock.targets[tid])
         else:
             slots = _from_receipt(latest_main[tid]) if tid in latest_main else ()
-        out.append(TargetStanding(tid, r, slots))
+        out.append(TargetStanding(tid, r, slots, rederive(r)))
     return sorted(out, key=lambda s: (s.rank, s.target))

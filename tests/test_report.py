@@ -122,12 +122,14 @@ def test_the_report_shows_a_tampered_receipt_as_such_and_exits_2(tmp_path):
 
 
 def _second_target_regression(rounds: Path) -> str:
-    """A sealed round of another target whose verdict is a regression (the report lists it first)."""
+    """A sealed round of another target, 40% below its pinned slot, sealed as `none` (as rounds were before the
+    regression rule): it re-derives as a regression, and the report lists it first."""
     from receipt_factory import make_receipt
 
     from scoreboard.history.records import write_receipt
 
-    r = make_receipt(label="regression", candidate_tps=30.0, created_at="2026-11-28T09:00:00Z", round_hex="000000ee")
+    r = make_receipt(label="none", candidate_tps=30.0, created_at="2026-11-28T09:00:00Z", round_hex="000000ee",
+                     frontier_at_start=50.0, block_drift=True, blocks=4)
     r["target"] = "rcpt-two"
     r["round_id"] = r["round_id"].replace("rcpt-test", "rcpt-two")
     write_receipt(r, rounds)
@@ -147,7 +149,9 @@ def test_the_report_opens_with_where_each_target_stands_regressions_first(tmp_pa
     assert stand < html.index("<h2>Verification") < html.index("Frontier ladder")
     section = html[stand:html.index("<h2>Verification")]
     assert section.index("rcpt-two") < section.index("rcpt-test")  # the regression first
-    assert 'class="label regression"' in section and f'href="#{other}"' in section
+    two = section[section.index('data-target="rcpt-two"'):section.index('data-target="rcpt-test"')]
+    assert 'class="label none"' in two and "re-derived today" in two and 'class="label regression"' in two
+    assert f'href="#{other}"' in two
     assert "frontier <b>56</b> tok/s vs reference 41: <b>1.366x</b>" in section  # the lock's slots
     assert '<div class="scroll"><table>' in html and "<table>" not in html.replace('<div class="scroll"><table>', "")
 
