@@ -44,4 +44,4 @@ def command(
     if report.problems:
         raise NonCompliant(f"verify found {len(report.problems)} problem(s)",
                            "restore the named files from git (`git diff -- rounds reference.lock`); slots "
-                           "change only through `scoreboard round run` or `scoreboard frontier lower`")
+                           "change only through `scoreboard round run`, `scoreboard frontier lower` or `scoreboard frontier rebase`")
