@@ -60,7 +60,7 @@ go() { [ ! -f "$WORK/stop" ] || { stamp "stopped by $WORK/stop"; touch "$WORK/do
 head1() { git log --oneline -1 | cut -c1-100; }
 calibrate() {  # LOG TARGET SEEDS: a sealed calibration of TARGET's bars at main
   go; stamp "$1: $2 calibration, $3 seeds"
-  python3 -m scoreboard gate calibrate "$2" --seeds "$3" $RENEW > "$WORK/$1.log" 2>&1
+  python3 -m scoreboard gate calibrate --target "$2" --seeds "$3" $RENEW > "$WORK/$1.log" 2>&1
   echo "$1 rc $?"; tail -25 "$WORK/$1.log"; snap
 }
 round() {  # LOG TARGET: a sealed main round of TARGET at main

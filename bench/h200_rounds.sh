@@ -22,7 +22,7 @@ if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>
 fi
 python3 -m scoreboard engines
 snap() { tar czf "$OUT/state.tgz" rounds reference.lock; echo "== $1 done at $SECONDS s"; }
-python3 -m scoreboard gate calibrate "$TARGET" --seeds "$SEEDS" > "$OUT/calibrate.log" 2>&1; echo "calibrate rc $?"
+python3 -m scoreboard gate calibrate --target "$TARGET" --seeds "$SEEDS" > "$OUT/calibrate.log" 2>&1; echo "calibrate rc $?"
 tail -40 "$OUT/calibrate.log"; snap calibrate
 for name in baseline aa; do
   python3 -m scoreboard round run --target "$TARGET" --blocks "$BLOCKS" --reps "$REPS" > "$OUT/$name.log" 2>&1

@@ -3,7 +3,10 @@
 Each slot is its own series with its own axis: multiplying a decode gain by a prefill gain is the gain of
 no metric, and decode (~100 tok/s) next to prefill (~5000 tok/s) on one linear axis is a flat line. A
 step is read from the ledger; the round's receipt (seal checked first) adds what the ledger does not
-carry: the step's tier and the reference engine's value for the same metric in the same round.
+carry: the step's tier, what the candidate measured for the slot's metric in that round (a round that moved
+nothing measured something else than the frontier it left standing) and the reference engine's value for the
+same metric in the same round. The plot draws the held frontier as its own step line and every round at what
+it measured, beside the reference as measured.
 """
 
 from __future__ import annotations
@@ -14,11 +17,19 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from . import svg
+from .svg import fmt as _fmt
+from .svg import nice_ticks as _nice_ticks
+
 if TYPE_CHECKING:
+    from .depth import Curve
     from .history.receipt import Receipt
     from .history.trust import Trust
 
 UNIT = "tok/s"
+REBASE = "frontier-rebase"
+MOVES = ("frontier-raise", "frontier-lower", REBASE)  # ledger lines that change frontier slots
+NOT_COMPLIANT = ("REJECT", "regression")  # as history.receipt.NOT_COMPLIANT: drawn red
 
 
 @dataclass(frozen=True)
@@ -29,23 +40,29 @@ class Step:
     commit: str
     before: float
     after: float
-    kind: str  # "frontier-raise" | "frontier-lower" | "held" (a main round that moved nothing: none, REJECT, aborted)
+    # "frontier-raise" | "frontier-lower" | "frontier-rebase" | "held" (a main round that moved nothing: none,
+    # regression, REJECT, inconclusive, aborted)
+    kind: str
     tier: str = ""  # the round's verdict label ("" when the receipt is missing or fails its seal)
     reference: float | None = None  # the reference arm's value for this metric in the same round, tok/s
+    measured: float | None = None  # the candidate arm's value for this metric in that round, tok/s (None: no speed)
     metric: str = ""  # e.g. "decode 32 tok @ depth 512"
     receipt_problem: str = ""  # non-empty: the backing receipt is missing, unsealed or edited
 
     @property
     def ratio(self) -> float | None:
-        return self.after / self.before if self.before > 0 and self.kind != "held" else None
+        """The frontier's step (after / before); None for a BASELINE, a held round and a re-base (a new basis, not
+        a gain: the compounding restarts there)."""
+        return self.after / self.before if self.before > 0 and self.kind not in ("held", REBASE) else None
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ratio": self.ratio}
 
 
 def ladder_steps(lines: list[dict[str, Any]], target: str | None = None, held: bool = False) -> list[Step]:
-    """Every frontier slot change on the ledger (raises, and the logged lowers), in ledger order. A step's
-    date is its round's (the receipt's created_at, on the round line), not when the slots were written.
+    """Every frontier slot change on the ledger (raises, and the logged lowers and re-bases), in ledger order. A
+    step's date is its round's for a raise (the receipt's created_at, on the round line), and when the slots were
+    written for a logged hatch.
 
     `held`: also every main round that moved nothing on its scored slot (none, REJECT, aborted), as a "held"
     step at the frontier it left standing: the tiers as they came, failures included."""
@@ -64,12 +81,12 @@ def ladder_steps(lines: list[dict[str, Any]], target: str | None = None, held: b
                                   ln.get("candidate_commit", ""), before, before, "held",
                                   tier=str(ln.get("verdict") or ln.get("status") or "")))
             continue
-        if ln.get("kind") not in ("frontier-raise", "frontier-lower"):
+        if ln.get("kind") not in MOVES:
             continue
         for ch in ln.get("changes", []):
             if ch.get("kind") != "frontier":
                 continue
-            date = ln.get("date", "") if ln["kind"] == "frontier-lower" else \
+            date = ln.get("date", "") if ln["kind"] != "frontier-raise" else \
                 round_dates.get(ln.get("round_id"), ln.get("date", ""))
             steps.append(Step(ln.get("round_id", ""), date, ch["slot"], ch.get("commit", ""),
                               float(ch["before"]), float(ch["after"]), ln["kind"]))
@@ -93,17 +110,20 @@ def _receipt_facts(path: Path, trust: Trust) -> tuple[Receipt | None, str]:
     return None, f"{path.name}: {f.state} ({', '.join(fld for fld, _ in f.problems)})"
 
 
-def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None]:
-    """(metric name, the reference arm's value) for the candidate slot `slot` in this receipt."""
+def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None, float | None]:
+    """(metric name, the reference arm's value, the candidate arm's value) for the candidate slot `slot`."""
     from .history.receipt import arm_value, metric_label
 
     for m in receipt.speed.metrics if receipt.speed else []:
         if m.slot == slot:
-            try:
-                return metric_label(m), arm_value(m, "reference")
-            except (KeyError, ValueError):
-                return metric_label(m), None
-    return "", None
+            values: list[float | None] = []
+            for arm in ("reference", "candidate"):
+                try:
+                    values.append(arm_value(m, arm))
+                except (KeyError, ValueError):
+                    values.append(None)
+            return metric_label(m), values[0], values[1]
+    return "", None, None
 
 
 def ladder_from_history(rounds_dir: str | Path, target: str | None = None, held: bool = True,
@@ -125,9 +145,9 @@ def ladder_from_history(rounds_dir: str | Path, target: str | None = None, held:
         if rec is None:
             out.append(Step(**{**asdict(s), "receipt_problem": problem}))
             continue
-        metric, ref = _slot_metric(rec, s.slot)
+        metric, ref, cand = _slot_metric(rec, s.slot)
         out.append(Step(**{**asdict(s), "tier": rec.verdict.label if rec.verdict else "", "reference": ref,
-                           "metric": metric}))
+                           "metric": metric, "measured": cand}))
     return out
 
 
@@ -158,16 +178,21 @@ class SlotCompounding:
 
 def compounding(steps: Iterable[Step]) -> dict[str, SlotCompounding]:
     """Per slot: product of its step ratios (last / first non-zero frontier) and the geometric mean per
-    step over exactly those `steps` ratios. Slots are never multiplied together."""
+    step over exactly those `steps` ratios. Slots are never multiplied together. A re-base starts the slot
+    afresh (its value was measured on another box, or against another basis): only the steps after the last
+    one compound, from the re-based value."""
     by: dict[str, list[Step]] = {}
     for s in steps:
-        if s.kind != "held":  # a round that moved nothing multiplies nothing
+        if s.kind == REBASE:
+            by[s.slot] = [s]
+        elif s.kind != "held":  # a round that moved nothing multiplies nothing
             by.setdefault(s.slot, []).append(s)
     out = {}
     for slot, ss in by.items():
         nonzero = [s for s in ss if s.after > 0]
         ratios = tuple(s.ratio for s in ss if s.ratio is not None)
-        first = next((s.before for s in ss if s.ratio is not None), nonzero[0].after if nonzero else 0.0)
+        first = ss[0].after if ss[0].kind == REBASE else \
+            next((s.before for s in ss if s.ratio is not None), nonzero[0].after if nonzero else 0.0)
         out[slot] = SlotCompounding(slot, first, ss[-1].after, ratios)
     return out
 
@@ -176,34 +201,57 @@ def compounding(steps: Iterable[Step]) -> dict[str, SlotCompounding]:
 # plot: one panel per slot, no plotting dependencies
 
 _W, _PANEL_H, _LEFT, _RIGHT, _TOP, _BOTTOM = 820, 300, 78, 24, 56, 62
-_CAND, _REF, _LOWER = "#1f5fa8", "#8a8a8a", "#c0392b"
+_CAND, _REF, _LOWER, _FRONTIER = svg.CAND, svg.REF, svg.BAD, svg.FRONTIER
+_WORDS = {"frontier-lower": "lowered", REBASE: "re-based"}
 
 
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    span = hi - lo if hi > lo else max(abs(hi), 1.0)
-    raw = span / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    ticks, v = [], start
-    while v <= hi + step * 0.5:
-        if v >= lo - 1e-9 * span:
-            ticks.append(round(v, 10))
-        v += step
-    return ticks
+def _point(s: Step) -> float:
+    """Where a round is drawn: what it measured (a held round's own number), else the frontier it set."""
+    return s.measured if s.measured is not None and s.measured > 0 else s.after
 
 
-def _fmt(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+def _frontier_line(steps: list[Step], x, y, px0: float, px1: float) -> str:
+    """The frontier as a step line: it holds until a step moves it, to the right edge."""
+    pts: list[tuple[float, float]] = []
+    prev = steps[0].before if steps[0].before > 0 else None
+    for i, s in enumerate(steps):
+        if prev is not None:
+            pts += [(x(i - 1) if i else px0, y(prev)), (x(i), y(prev))]
+        pts.append((x(i), y(s.after)))
+        prev = s.after
+    pts.append((px1, y(steps[-1].after)))
+    return svg.polyline(pts, _FRONTIER, 2.0, "2 3")
+
+
+def _round_marks(steps: list[Step], x, y, py1: float) -> list[str]:
+    """Each round at what it measured: filled when it moved the frontier, hollow when it held; its tier above."""
+    out = []
+    for i, s in enumerate(steps):
+        cx, cy = x(i), y(_point(s))
+        color = _LOWER if s.kind == "frontier-lower" or s.tier in NOT_COMPLIANT else _CAND
+        tier = _WORDS.get(s.kind, s.tier or "?")
+        if s.receipt_problem:
+            tier, color = "UNVERIFIED", _LOWER
+        fill = "white" if s.kind == "held" else color
+        held = f"; frontier held at {_fmt(s.after)}" if s.kind == "held" else ""
+        out.append(f'<circle class="measured" data-round="{escape(s.round_id)}" cx="{cx:.1f}" cy="{cy:.1f}" r="5" '
+                   f'fill="{fill}" stroke="{color}" stroke-width="2"><title>{escape(s.round_id)}: measured '
+                   f'{_fmt(_point(s))} {UNIT} ({escape(tier)}){held}</title></circle>')
+        out.append(f'<text x="{cx:.1f}" y="{cy - 10:.1f}" text-anchor="middle" font-weight="bold" '
+                   f'fill="{color}">{escape(tier)} {_fmt(_point(s))}</text>')
+        out.append(f'<text x="{cx:.1f}" y="{py1 + 16}" text-anchor="middle">{escape(s.commit[:8] or "-")}</text>'
+                   f'<text x="{cx:.1f}" y="{py1 + 30}" text-anchor="middle" fill="#555">{escape(s.date[:10])}</text>')
+    return out
 
 
 def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool = True) -> str:
-    """One slot's ladder: frontier after each step (step line), the same-round reference (dashed), x in
-    round order labelled with commit and date, each point's tier, axis titles with units."""
+    """One slot's ladder: every round at what its candidate measured (filled: it moved the frontier; hollow: it
+    held), the frontier it left standing as its own dotted step line, the same-round reference as measured
+    (dashed), x in round order labelled with commit and date, axis titles with units."""
     w, h = _W, _PANEL_H
     px0, px1, py0, py1 = _LEFT, w - _RIGHT, y0 + _TOP, y0 + h - _BOTTOM
     values = [s.after for s in steps] + [s.before for s in steps if s.before > 0] + \
-             [s.reference for s in steps if s.reference]
+             [s.reference for s in steps if s.reference] + [_point(s) for s in steps]
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
     pad = (hi - lo) * 0.12 or max(hi * 0.05, 1e-9)
     lo, hi = max(lo - pad, 0.0), hi + pad
@@ -228,11 +276,8 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
     if metric:
         p.append(f'<text x="{px0}" y="{y0 + 38}" fill="#444">{escape(metric)}</text>')
     # legend above the plot area, right-aligned: never on the data
-    lx = px1 - 350
-    p.append(f'<line x1="{lx}" y1="{y0 + 34}" x2="{lx + 24}" y2="{y0 + 34}" stroke="{_CAND}" stroke-width="2.5"/>'
-             f'<text x="{lx + 30}" y="{y0 + 38}">candidate frontier</text>'
-             f'<line x1="{lx + 160}" y1="{y0 + 34}" x2="{lx + 184}" y2="{y0 + 34}" stroke="{_REF}" '
-             f'stroke-width="2" stroke-dasharray="6 4"/><text x="{lx + 190}" y="{y0 + 38}">reference, same round</text>')
+    p.append(svg.legend(px1 - 470, y0 + 34, [("candidate, measured", _CAND, ""), ("frontier held", _FRONTIER, "2 3"),
+                                             ("reference, same round", _REF, "6 4")]))
     for t in ticks:
         ty = y(t)
         p.append(f'<line x1="{px0}" y1="{ty:.1f}" x2="{px1}" y2="{ty:.1f}" stroke="#e6e6e6"/>'
@@ -244,47 +289,50 @@ def slot_panel_svg(slot: str, steps: list[Step], y0: int = 0, standalone: bool =
     p.append(f'<text x="{(px0 + px1) / 2:.0f}" y="{y0 + h - 6}" text-anchor="middle">'
              'round, in ledger order (candidate commit, date)</text>')
     if steps:
-        pts: list[tuple[float, float]] = []  # a step plot: the frontier holds until the next step moves it
-        prev = steps[0].before if steps[0].before > 0 else None
-        for i, s in enumerate(steps):
-            if prev is not None:
-                pts += [(x(i - 1) if i else px0, y(prev)), (x(i), y(prev))]
-            pts.append((x(i), y(s.after)))
-            prev = s.after
-        pts.append((px1, y(steps[-1].after)))  # the last step's value holds to the right edge
-        p.append(f'<polyline fill="none" stroke="{_CAND}" stroke-width="2.5" points="'
-                 + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')
+        p.append(_frontier_line(steps, x, y, px0, px1))
+        p.append(svg.polyline([(x(i), y(_point(s))) for i, s in enumerate(steps)], _CAND, 1.5))
         refs = [(x(i), y(ref)) for i, s in enumerate(steps) if (ref := s.reference)]
         if refs:
-            p.append(f'<polyline fill="none" stroke="{_REF}" stroke-width="2" stroke-dasharray="6 4" points="'
-                     + " ".join(f"{a:.1f},{b:.1f}" for a, b in refs) + '"/>')
+            p.append(svg.polyline(refs, _REF, 2.0, "6 4"))
             for a, b in refs:
                 p.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{_REF}"/>')
-        for i, s in enumerate(steps):
-            cx, cy = x(i), y(s.after)
-            color = _LOWER if s.kind == "frontier-lower" or s.tier == "REJECT" else _CAND
-            tier = "lowered" if s.kind == "frontier-lower" else (s.tier or "?")
-            if s.receipt_problem:
-                tier, color = "UNVERIFIED", _LOWER
-            fill = "white" if s.kind == "held" else color  # hollow: the frontier held, this round moved nothing
-            p.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{fill}" stroke="{color}" stroke-width="2">'
-                     f'<title>{escape(s.round_id)}: {_fmt(s.after)} {UNIT} ({escape(tier)})</title></circle>')
-            p.append(f'<text x="{cx:.1f}" y="{cy - 10:.1f}" text-anchor="middle" font-weight="bold" '
-                     f'fill="{color}">{escape(tier)} {_fmt(s.after)}</text>')
-            p.append(f'<text x="{cx:.1f}" y="{py1 + 16}" text-anchor="middle">{escape(s.commit[:8] or "-")}</text>'
-                     f'<text x="{cx:.1f}" y="{py1 + 30}" text-anchor="middle" fill="#555">'
-                     f'{escape(s.date[:10])}</text>')
+        p += _round_marks(steps, x, y, py1)
     p.append("</g>")
     if standalone:
         p.append("</svg>")
     return "\n".join(p)
 
 
-def ladder_svg(steps: list[Step], title: str) -> str:
-    """Every slot's panel stacked in one SVG document (each panel with its own y axis)."""
+def depth_curves(rounds_dir: str | Path, steps: list[Step], trust: Trust | None = None) -> list[Curve]:
+    """Decode tok/s against depth for the ladder's rounds (seal-checked receipts a pinned key vouches for only):
+    every round's candidate, older ones fainter, and the latest round's every arm in full."""
+    from .depth import receipt_curves
+    from .history.trust import near
+
+    trust = trust if trust is not None else near(Path(rounds_dir))
+    ids = list(dict.fromkeys(s.round_id for s in steps if not s.receipt_problem))
+    receipts = [r for r in (_receipt_facts(Path(rounds_dir) / f"{rid}.json", trust)[0] for rid in ids)
+                if r is not None]
+    receipts = [r for r in receipts if r.speed and any(m.phase == "decode" for m in r.speed.metrics)]
+    out: list[Curve] = []
+    for k, r in enumerate(receipts[:-1]):
+        fade = 0.2 + 0.5 * (k + 1) / max(len(receipts), 1)
+        out += [c for c in receipt_curves(r, f"{r.candidate.commit[:8]} ", fade) if c.arm == "candidate"]
+    if receipts:
+        last = receipts[-1]
+        out += receipt_curves(last, f"{last.candidate.commit[:8]} ")
+    return out
+
+
+def ladder_svg(steps: list[Step], title: str, depth: list[Curve] | None = None) -> str:
+    """Every slot's panel stacked in one SVG document (each panel with its own y axis), then the rounds' decode
+    throughput against depth when `depth` curves are given."""
+    from .depth import profile_svg
+
     slots = list(dict.fromkeys(s.slot for s in steps))
     head = 36
-    height = head + _PANEL_H * max(len(slots), 1)
+    extra = _PANEL_H if depth else 0
+    height = head + _PANEL_H * max(len(slots), 1) + extra
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
              'font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
              '<rect width="100%" height="100%" fill="white"/>',
@@ -293,14 +341,18 @@ def ladder_svg(steps: list[Step], title: str) -> str:
         parts.append(slot_panel_svg(slot, [s for s in steps if s.slot == slot], head + k * _PANEL_H, False))
     if not slots:
         parts.append(f'<text x="12" y="{head + 30}">no frontier has moved yet</text>')
+    if depth:
+        parts.append(profile_svg(depth, "decode throughput against depth, per round",
+                                 "the latest round's every arm; earlier rounds' candidate fainter",
+                                 head + _PANEL_H * max(len(slots), 1), False))
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def write_svg(steps: list[Step], path: Path, title: str) -> Path:
+def write_svg(steps: list[Step], path: Path, title: str, depth: list[Curve] | None = None) -> Path:
     """Write `ladder_svg` atomically (temp file + rename)."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(ladder_svg(steps, title), encoding="utf-8")
+    tmp.write_text(ladder_svg(steps, title, depth), encoding="utf-8")
     tmp.replace(path)
     return path

@@ -653,8 +653,9 @@ def lock_digest(path: str | os.PathLike[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 # writing (comment-preserving, atomic)
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory + fsync + rename: a crash leaves the old file."""
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    """Write via a temp file in the same directory + fsync + rename: a crash leaves the old file. `mode`: the
+    file's permission bits (default: the temp file's 0600)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -662,6 +663,8 @@ def atomic_write_text(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -1,10 +1,12 @@
 """A self-contained static HTML page of the history: the page a team links from a PR.
 
-Contents: which receipts verified (seal per receipt, plus `scoreboard verify`'s findings when a lock is
-given), the ladder per slot (inline SVG) with its compounding, and every round: the gate table, the speed
-per metric and arm with every block's value, the verdict with its explanation. No scripts, no external
-resources: one file that renders the same anywhere. A receipt whose seal does not hold is shown as
-UNSEALED/TAMPERED and its verdict is not rendered.
+Contents, in order: where each target stands (per slot the frontier against the reference, the latest
+verdict; regressions first: scoreboard/standing.py), which receipts verified (seal per receipt, plus `scoreboard
+verify`'s findings when a lock is given), the ladder per slot (inline SVG) with its compounding, and every round:
+the gate table, the speed per metric and arm with every block's value, decode tok/s against depth for every arm,
+the verdict with its explanation. No scripts, no external resources: one file that renders the same anywhere,
+from a phone's width up (a viewport meta tag; wide tables scroll inside their box instead of being cut; plots
+scale). A receipt whose seal does not hold is shown as UNSEALED/TAMPERED and its verdict is not rendered.
 """
 
 from __future__ import annotations
@@ -28,16 +30,20 @@ h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bott
 h3{font-size:16px;margin:18px 0 6px}
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 th,td{border:1px solid #c8c8c8;padding:3px 8px;text-align:right;vertical-align:top;white-space:nowrap}
+.scroll{overflow-x:auto;max-width:100%;-webkit-overflow-scrolling:touch}.scroll table{margin:0}
+p,li,h3{overflow-wrap:anywhere}
 th{background:#eef2f7;white-space:normal}td.l,th.l{text-align:left}
 .ok{color:#17703a;font-weight:bold}.bad{color:#b3261e;font-weight:bold}.warn{color:#8a5a00;font-weight:bold}
 .card{border:1px solid #c8c8c8;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fcfcfd}
 .card.tampered{border:3px solid #b3261e;background:#fff4f3}
 .label{display:inline-block;padding:1px 10px;border-radius:10px;background:#1f5fa8;color:#fff;font-weight:bold}
-.label.REJECT,.label.TAMPERED,.label.UNSEALED{background:#b3261e}.label.inconclusive{background:#8a5a00}
+.label.REJECT,.label.regression,.label.TAMPERED,.label.UNSEALED{background:#b3261e}.label.inconclusive{background:#8a5a00}
 .label.none{background:#666}.label.BASELINE{background:#0b7a75}.label.aborted{background:#555}
 .mono{font-family:"DejaVu Sans Mono",monospace;font-size:12px}.dim{color:#555}
 .samples{font-family:"DejaVu Sans Mono",monospace;font-size:12px;text-align:left;white-space:normal}
 svg{max-width:100%;height:auto;border:1px solid #ddd;margin:4px 0}
+@media (max-width:600px){body{margin:8px auto;padding:0 8px;font-size:13px}h1{font-size:20px}
+table{font-size:12px}th,td{padding:2px 5px}}
 """
 
 
@@ -71,6 +77,12 @@ def _load(path: Path, trust: Trust) -> RoundView:
     return RoundView(path, f.raw, "sealed", receipt=f.sealed.receipt)
 
 
+def _table(rows: list[str], caption: str = "") -> str:
+    """A table in a box that scrolls sideways when the page is narrower than the table (never cut)."""
+    cap = f"<caption class=l>{caption}</caption>" if caption else ""
+    return f'<div class="scroll"><table>{cap}{"".join(rows)}</table></div>'
+
+
 def _t(*cells: Any, head: bool = False, left: int = 0) -> str:
     tag = "th" if head else "td"
     return "<tr>" + "".join(f'<{tag}{" class=l" if i < left else ""}>{c}</{tag}>' for i, c in enumerate(cells)) \
@@ -88,8 +100,8 @@ def _gate(gate: GateRec | None) -> str:
                        '<span class="ok">yes</span>' if d.get("pass") else '<span class="bad">no</span>'))
     greedy = "".join(f"<li>checked decode {escape(g['metric'])}: greedy tokens match the reference's argmax on "
                      f"{g['top1_vs_reference']:.3f} of positions</li>" for g in gate.greedy_check or [])
-    return ("<table><caption class=l>correctness gate: KL(ref&#8214;cand), full vocabulary, float64</caption>"
-            + "".join(rows) + "</table>" + (f"<ul>{greedy}</ul>" if greedy else ""))
+    return (_table(rows, "correctness gate: KL(ref&#8214;cand), full vocabulary, float64")
+            + (f"<ul>{greedy}</ul>" if greedy else ""))
 
 
 def _speed(r: Receipt) -> str:
@@ -124,7 +136,7 @@ def _speed(r: Receipt) -> str:
             ratio = (f"<p>candidate / reference (same round, paired blocks): <b>{c.point:.3f}</b> "
                      f"[{c.confidence:.0%} CI {c.low:.3f} &ndash; {c.high:.3f}], {c.n_blocks} blocks</p>")
         out.append(f"<h4>{escape(name)} <span class=dim>({escape(m.role)}, slot "
-                   f"<span class=mono>{escape(m.slot)}</span>)</span></h4><table>{''.join(rows)}</table>"
+                   f"<span class=mono>{escape(m.slot)}</span>)</span></h4>{_table(rows)}"
                    + ratio)
     return "".join(out)
 
@@ -157,7 +169,108 @@ def _round(rv: RoundView, drift: list[str]) -> str:
             f'{escape(cand.label)} <span class=mono>{escape(cand.commit[:12])}</span>'
             f'{" (main)" if cand.is_main else ""} &middot; seed {r.seed}</p>')
     warn = "".join(f'<p class="warn">warning: {escape(w)}</p>' for w in drift)
-    return head + warn + _verdict(r) + _gate(r.gate) + _speed(r) + "</div>"
+    return head + warn + _verdict(r) + _gate(r.gate) + _speed(r) + _depth(r) + "</div>"
+
+
+def _depth(r: Receipt) -> str:
+    """Decode tok/s against depth for every arm, when the receipt holds a decode metric."""
+    from .depth import profile_svg, receipt_curves
+
+    curves = receipt_curves(r)
+    if not curves:
+        return ""
+    return profile_svg(curves, "decode throughput against depth", f"every arm of {r.round_id}")
+
+
+def _standing(views: list[RoundView], lock: Any) -> str:
+    """Where each target stands, one short block per target (read at a phone's width without scrolling): its
+    latest verdict, then per slot the frontier against the reference; regressions first."""
+    from .standing import standings
+
+    blocks = []
+    for st in standings([v.receipt for v in views if v.receipt is not None], lock):
+        r, v = st.latest, st.latest.verdict
+        gain = "" if v is None or v.gain is None else f" {v.gain * 100:+.2f}%"
+        today = "" if st.rederived is None else (
+            f' <span class=dim>as sealed; re-derived today by scoreboard tier --receipt:</span> '
+            f'<span class="label {escape(st.rederived)}">{escape(st.rederived)}</span>')
+        items = []
+        for s in st.slots:
+            vs = "" if s.reference is None else f" vs reference {_num(s.reference)}" + (
+                f": <b>{s.ratio:.3f}x</b>" if s.ratio is not None else "")
+            where = (f' <span class="dim">({escape(s.commit[:8])}, <a href="#{escape(s.round_id)}" class=mono>'
+                     f'{escape(s.round_id[:16])}</a>)</span>' if s.round_id else "")
+            items.append(f"<li>{escape(s.metric)} <span class=dim>({escape(s.role)})</span>: frontier "
+                         + (f"<b>{_num(s.frontier)}</b> tok/s" if s.frontier else "none yet") + vs + where + "</li>")
+        blocks.append(f'<div class="card standing" data-target="{escape(st.target)}"><h3>{escape(st.target)} '
+                      f'<span class="label {escape(st.label)}">{escape(st.label)}</span>{escape(gain)}{today}</h3>'
+                      f'<p class=dim>latest round <a href="#{escape(r.round_id)}" class=mono>{escape(r.round_id)}</a>'
+                      f" ({escape(r.candidate.label)} {escape(r.candidate.commit[:12])})</p>"
+                      + (f"<ul>{''.join(items)}</ul>" if items else "<p>no slot measured yet</p>") + "</div>")
+    if not blocks:
+        return "<h2>Where each target stands</h2><p>no sealed round yet</p>"
+    return ('<h2>Where each target stands</h2><p class=dim>per slot the frontier (raise-only, from sealed main '
+            "rounds) against the reference engine's baseline; each target's latest sealed verdict; targets whose "
+            "latest verdict is a regression first.</p>" + "".join(blocks))
+
+
+def _num(v: float) -> str:
+    """tok/s for reading: 50,975 and 946.9, never 5.097e+04."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def _verification(views: list[RoundView], lock: Any, lock_path: Any, verify_problems: list[str]) -> str:
+    n_ok = sum(v.seal == "sealed" for v in views)
+    out = [f"<h2>Verification</h2><p>{n_ok} of {len(views)} receipt(s) match their seal.</p>"]
+    rows = [_t("receipt", "seal", "target", "status", "verdict", head=True, left=1)]
+    for v in views:
+        d = v.data or {}
+        verdict = (v.receipt.verdict.label if v.receipt.verdict else None) if v.receipt else "not shown"
+        cls = "ok" if v.seal == "sealed" else "bad"
+        rows.append(_t(f'<a href="#{escape(v.path.stem)}" class=mono>{escape(v.path.name)}</a>',
+                       f'<span class="{cls}">{v.seal}</span>', escape(str(d.get("target", ""))),
+                       escape(str(d.get("status", ""))), escape(str(verdict or d.get("status", ""))), left=1))
+    out.append(_table(rows))
+    if lock is not None:
+        if verify_problems:
+            items = "".join(f"<li class=mono>{escape(p)}</li>" for p in verify_problems)
+            out.append(f'<p class="bad">scoreboard verify: {len(verify_problems)} problem(s)</p><ul>{items}</ul>')
+        else:
+            out.append(f'<p class="ok">scoreboard verify: history intact, every slot in '
+                       f'{escape(str(lock_path))} backed by a sealed receipt</p>')
+    return "".join(out)
+
+
+_STEP_WORDS = {"held": "held", "frontier-rebase": "re-based"}
+
+
+def _ladder(steps: list[Step]) -> str:
+    comp = compounding(steps)
+    slots = list(dict.fromkeys(s.slot for s in steps))
+    out = ["<h2>Frontier ladder, per slot</h2>"]
+    if not slots:
+        out.append("<p>no frontier has moved yet (a sealed main round sets the BASELINE)</p>")
+    for slot in slots:
+        ss = [s for s in steps if s.slot == slot]
+        c = comp[slot]
+        summary = (f"compounded x{c.total_ratio:.4f} from {c.first:.4g} to {c.last:.4g} tok/s over {c.steps} "
+                   f"step(s) after the BASELINE; geometric mean per step x{c.geomean_step:.4f} (over those "
+                   f"{c.steps})" if c.total_ratio is not None else "BASELINE only: no step to compound yet")
+        rows = [_t("round", "date", "commit", "tier", "measured", "frontier before", "after", "step",
+                   "reference tok/s, same round", head=True, left=1)]
+        for s in ss:
+            tier = escape(s.tier) if s.tier else (f'<span title="{escape(s.receipt_problem)}">UNVERIFIED ('
+                                                  + escape(s.receipt_problem.split(": ", 1)[-1].split(" ")[0])
+                                                  + ")</span>" if s.receipt_problem else "")
+            step = _STEP_WORDS.get(s.kind) or (("BASELINE" if s.ratio is None else f"x{s.ratio:.4f}")
+                                               + (" (lowered)" if s.kind == "frontier-lower" else ""))
+            rows.append(_t(f'<a href="#{escape(s.round_id)}" class=mono>{escape(s.round_id)}</a>', escape(s.date[:10]),
+                           f"<span class=mono>{escape(s.commit[:12])}</span>", tier,
+                           "-" if s.measured is None else f"{s.measured:.4g}", f"{s.before:.4g}", f"{s.after:.4g}",
+                           step, "-" if s.reference is None else f"{s.reference:.4g}", left=1))
+        out.append(f'<h3 class="slot">{escape(slot)}</h3>' + slot_panel_svg(slot, ss) + f"<p>{summary}</p>"
+                   + _table(rows))
+    return "".join(out)
 
 
 def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None = "reference.lock",
@@ -179,57 +292,13 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
     if lock_path is not None and Path(lock_path).is_file():
         lock = load_lock(lock_path)
         verify_problems = [str(p) for p in verify(lock_path, rounds).problems]
-    comp = compounding(steps)
-    slots = list(dict.fromkeys(s.slot for s in steps))
-
-    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body>",
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+             '<meta name="viewport" content="width=device-width, initial-scale=1">'
+             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{escape(title)}</h1><p class=dim>rounds directory <span class=mono>{escape(str(rounds))}"
-             f"</span>{' &middot; target ' + escape(target) if target else ''} &middot; scoreboard {__version__}</p>"]
-    # which receipts verified
-    n_ok = sum(v.seal == "sealed" for v in views)
-    parts.append(f"<h2>Verification</h2><p>{n_ok} of {len(views)} receipt(s) match their seal.</p>")
-    rows = [_t("receipt", "seal", "target", "status", "verdict", head=True, left=1)]
-    for v in views:
-        d = v.data or {}
-        verdict = (v.receipt.verdict.label if v.receipt.verdict else None) if v.receipt else "not shown"
-        cls = "ok" if v.seal == "sealed" else "bad"
-        rows.append(_t(f'<a href="#{escape(v.path.stem)}" class=mono>{escape(v.path.name)}</a>',
-                       f'<span class="{cls}">{v.seal}</span>', escape(str(d.get("target", ""))),
-                       escape(str(d.get("status", ""))), escape(str(verdict or d.get("status", ""))), left=1))
-    parts.append("<table>" + "".join(rows) + "</table>")
-    if lock is not None:
-        if verify_problems:
-            items = "".join(f"<li class=mono>{escape(p)}</li>" for p in verify_problems)
-            parts.append(f'<p class="bad">scoreboard verify: {len(verify_problems)} problem(s)</p><ul>{items}</ul>')
-        else:
-            parts.append(f'<p class="ok">scoreboard verify: history intact, every slot in '
-                         f'{escape(str(lock_path))} backed by a sealed receipt</p>')
-    # ladder per slot
-    parts.append("<h2>Frontier ladder, per slot</h2>")
-    if not slots:
-        parts.append("<p>no frontier has moved yet (a sealed main round sets the BASELINE)</p>")
-    for slot in slots:
-        ss = [s for s in steps if s.slot == slot]
-        c = comp[slot]
-        summary = (f"compounded x{c.total_ratio:.4f} from {c.first:.4g} to {c.last:.4g} tok/s over {c.steps} "
-                   f"step(s) after the BASELINE; geometric mean per step x{c.geomean_step:.4f} (over those "
-                   f"{c.steps})" if c.total_ratio is not None else "BASELINE only: no step to compound yet")
-        rows = [_t("round", "date", "commit", "tier", "before", "after", "step", "reference tok/s, same round",
-                   head=True, left=1)]
-        for s in ss:
-            tier = escape(s.tier) if s.tier else (f'<span title="{escape(s.receipt_problem)}">UNVERIFIED ('
-                              + escape(s.receipt_problem.split(": ", 1)[-1].split(" ")[0]) + ")</span>"
-                              if s.receipt_problem else "")
-            rows.append(_t(f'<a href="#{escape(s.round_id)}" class=mono>{escape(s.round_id)}</a>', escape(s.date[:10]),
-                           f"<span class=mono>{escape(s.commit[:12])}</span>", tier, f"{s.before:.4g}",
-                           f"{s.after:.4g}", "held" if s.kind == "held" else "BASELINE" if s.ratio is None else f"x{s.ratio:.4f}"
-                           + (" (lowered)" if s.kind == "frontier-lower" else ""),
-                           "-" if s.reference is None else f"{s.reference:.4g}", left=1))
-        parts.append(f'<h3 class="slot">{escape(slot)}</h3>' + slot_panel_svg(slot, ss) + f"<p>{summary}</p>"
-                     + "<table>" + "".join(rows) + "</table>")
-    # every round
-    parts.append(f"<h2>Rounds ({len(views)})</h2>")
+             f"</span>{' &middot; target ' + escape(target) if target else ''} &middot; scoreboard {__version__}</p>",
+             _standing(views, lock), _verification(views, lock, lock_path, verify_problems), _ladder(steps),
+             f"<h2>Rounds ({len(views)})</h2>"]
     for v in views:
         drift = reference_drift(v.receipt, lock) if v.receipt is not None else []
         parts.append(_round(v, drift))

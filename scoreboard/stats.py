@@ -204,3 +204,33 @@ def suggest_blocks(current_blocks: int, current_width: float, target_width: floa
         return current_blocks
     need = math.ceil(current_blocks * (current_width / target_width) ** 2 - 1e-9)
     return max(need, current_blocks + 1)
+
+
+def unpaired_ratio_ci(numer_blocks: Sequence[float], denom_blocks: Sequence[float], confidence: float = 0.95,
+                      resamples: int = 2000, seed: int = 0) -> RatioCI:
+    """Ratio geomean(numer) / geomean(denom) of two arms measured in different rounds (no block pairs them):
+    each arm's log block values resampled on their own (percentile bootstrap of the difference of log means),
+    floored by Welch's t-interval (whichever is wider). `n_blocks` is the smaller arm's count."""
+    x = np.log(np.asarray(numer_blocks, dtype=np.float64))
+    y = np.log(np.asarray(denom_blocks, dtype=np.float64))
+    if x.size < 2 or y.size < 2:
+        raise ValueError(f"an unpaired interval needs at least 2 blocks per arm, got {x.size} and {y.size}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("block values must be finite and > 0")
+    d = float(x.mean() - y.mean())
+    rng = np.random.default_rng(seed)
+    diffs = (rng.choice(x, (resamples, x.size)).mean(axis=1) - rng.choice(y, (resamples, y.size)).mean(axis=1))
+    alpha = (1 - confidence) / 2
+    lo, hi = float(np.quantile(diffs, alpha)), float(np.quantile(diffs, 1 - alpha))
+    vx, vy = float(x.var(ddof=1)) / x.size, float(y.var(ddof=1)) / y.size
+    method = "percentile-unpaired"
+    if vx + vy > 0:
+        from scipy.stats import t
+
+        df = (vx + vy) ** 2 / ((vx ** 2 / (x.size - 1) if vx else 0) + (vy ** 2 / (y.size - 1) if vy else 0))
+        half = float(t.ppf(1 - alpha, df)) * math.sqrt(vx + vy)
+        if d - half < lo or d + half > hi:
+            lo, hi, method = min(lo, d - half), max(hi, d + half), "percentile-unpaired+welch-floor"
+    point = math.exp(d)
+    return RatioCI(point=point, low=min(math.exp(lo), point), high=max(math.exp(hi), point), confidence=confidence,
+                   n_blocks=int(min(x.size, y.size)), method=method)

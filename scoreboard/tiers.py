@@ -5,7 +5,9 @@ Order (thresholds come from the lock's TierPolicy, never from code):
   2. a guard failed -> REJECT, `speed_label` still says what the speed would have earned;
   3. no frontier basis (<= 0) -> BASELINE;
   4. CI of the gain wider than `max_ci_width` -> inconclusive (with the blocks to add);
-  5. CI lower bound > 0 and point gain >= the smallest bucket -> highest bucket <= gain; else none.
+  5. CI upper bound < -guard_tolerance -> regression: the scored metric is significantly worse than its basis
+     by more than the tolerance a guard is allowed (the guard rule, applied to the scored metric);
+  6. CI lower bound > 0 and point gain >= the smallest bucket -> highest bucket <= gain; else none.
 
 gain = delta / frontier, delta = value - frontier (higher is better) or frontier - value (lower is
 better). Basis: main measured in the same round when the candidate is a PR ("main-same-round", paired
@@ -16,6 +18,10 @@ measured).
 Zero-variance samples (an arm whose reps repeat to the nanosecond, or whose block values are all
 identical) are no measurement a real clock gives: the metric is flagged and not scored; a flagged
 scored metric makes the verdict inconclusive, a flagged guard is not judged.
+Drift: against the frontier slot (a constant from the box as it was) nothing in the round cancels the box's
+state, so when the round's reference arm lands further than speed.reference_drift_max from the reference's
+baseline slot as the round read it at its start (speed.metrics[].baseline), that metric is flagged too: a
+loaded box is inconclusive, never a regression or a gain. Same-round bases are paired and need no such rule.
 Guard rule: a guard fails when the upper CI bound of its performance ratio (candidate/basis, inverted
 for lower-is-better) is below 1 - guard_tolerance, i.e. gain_ci high < -guard_tolerance: significantly
 worse than the tolerance, not merely noisy.
@@ -31,6 +37,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from .drift import drift_problem
 from .errors import InputError
 from .gate import bar_reasons
 from .history.receipt import Arm as ArmRec
@@ -138,6 +145,11 @@ def _speed(ev: Evidence, policy: TierPolicy) -> tuple[str, list[str]]:
         return "inconclusive", [f"{ev.name}: CI width {(hi - lo) * 100:.2f} points > max_ci_width "
                                 f"{policy.max_ci_width * 100:.2f}; rerun with about {total} blocks "
                                 f"(add {total - n}) or on a quieter box"]
+    tol = policy.guard_tolerance
+    if ci is not None and hi < -tol - _EPS:
+        return "regression", [f"{ev.name} regressed: {ev.value:.4g} vs {ev.frontier:.4g} {ev.unit} ({ev.basis}), "
+                              f"gain {_pct(g)} with CI [{_pct(lo)}, {_pct(hi)}] entirely below -{tol * 100:.2f}% "
+                              "(guard_tolerance)"]
     if not policy.buckets:
         return "none", ["tier policy has no buckets"]
     smallest_name = min(policy.buckets, key=policy.buckets.__getitem__)
@@ -176,11 +188,13 @@ def _guard_failures(guards: Sequence[Evidence], policy: TierPolicy) -> tuple[lis
 
 def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, guards: Sequence[Evidence],
            policy: TierPolicy, *, claim: bool = False, notes: Sequence[str] = (),
-           guards_convict: bool = True, flags: Sequence[str] = (), unsound: Sequence[str] = ()) -> Verdict:
+           guards_convict: bool = True, flags: Sequence[str] = (), unsound: Sequence[str] = (),
+           drift: Sequence[str] = ()) -> Verdict:
     """Inputs + policy -> Verdict. Deterministic: no clock, no randomness beyond the evidence's seeded CIs.
 
     `flags`: why metrics are not scored (zero-variance samples); `unsound`: why a metric's comparison arm is no
-    sound basis (its outputs failed the reference, or its reps beat the ceiling). Any of either makes the speed label
+    sound basis (its outputs failed the reference, or its reps beat the ceiling); `drift`: why the pinned slot
+    is no basis on this box (the reference drifted from its baseline). Any of them makes the speed label
     inconclusive (a BASELINE too: a flagged number never becomes a basis); a guard failure among the
     guards passed in (the caller leaves flagged guards out) still REJECTs."""
     if not gate_ok:
@@ -192,7 +206,7 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     if scored is None:
         raise InputError("no scored metric evidence", "the receipt's speed section must measure the scored metric")
     speed_label, speed_reasons = _speed(scored, policy)
-    not_scored = [*flags, *unsound]
+    not_scored = [*flags, *unsound, *drift]
     if not_scored:
         speed_label = "inconclusive"
         speed_reasons = [f"not scored: {f}" for f in not_scored] + [f"(unflagged, the speed would read: {r})"
@@ -209,8 +223,8 @@ def decide(gate_ok: bool, gate_reasons: Sequence[str], scored: Evidence | None, 
     return Verdict(label=label, gain=scored.gain, gain_ci=scored.gain_ci, basis=scored.basis,
                    frontier=scored.frontier if scored.basis != "none" else None, value=scored.value,
                    speed_label=speed_label, reasons=list(reasons),
-                   explanation=_explain(label, speed_label, scored, policy, fails, claim, flags, unsound), claim=claim,
-                   flags=not_scored)
+                   explanation=_explain(label, speed_label, scored, policy, fails, claim, flags, unsound, drift),
+                   claim=claim, flags=not_scored)
 
 
 # One estimator, one name, wherever a number is shown (round show, tier, the report, the explanation):
@@ -224,8 +238,8 @@ _BASIS_WORDS = {"main-same-round": "main measured in the same round on the same 
 
 
 def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fails: list[str], claim: bool,
-             zero: Sequence[str] = (), unsound: Sequence[str] = ()) -> str:
-    flagged = bool(zero or unsound)
+             zero: Sequence[str] = (), unsound: Sequence[str] = (), drift: Sequence[str] = ()) -> str:
+    flagged = bool(zero or unsound or drift)
     kind = "claimed, not measured: " if claim else ""
     head = f"{label}: {kind}the candidate's {ev.name} is {ev.value:.4g} {ev.unit}"
     if not claim and ev.basis != "none":
@@ -249,6 +263,9 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
         elif speed_label == "inconclusive":
             body += (f" The interval is wider than the policy's {policy.max_ci_width * 100:.2f} points, so the run "
                      "is too noisy to call: inconclusive, not a guess.")
+        elif speed_label == "regression":
+            body += (f" The whole interval lies below -{policy.guard_tolerance * 100:.2f}% (guard_tolerance): that is "
+                     "a regression, not noise. It moves no slot, and the round exits 2.")
         elif speed_label == "none":
             body += (" That is not a significant gain: it needs the whole interval above zero and at least "
                      f"{min(policy.buckets.values()) * 100:.2f}%." if policy.buckets else " No buckets are set.")
@@ -262,6 +279,11 @@ def _explain(label: str, speed_label: str, ev: Evidence, policy: TierPolicy, fai
         body += (f" The arm it is compared with is no sound basis ({'; '.join(unsound[:2])}): that metric is not "
                  "scored, so the verdict is inconclusive. The candidate is not at fault; run the round again, and "
                  "if it repeats, see docs/receipt-format.md (verdict.flags).")
+    if drift:
+        body += (f" Its basis is the pinned frontier slot, a constant measured on the box as it was, and this round's "
+                 f"reference was not ({'; '.join(drift[:2])}): nothing in the round cancels that, so the gain against "
+                 "the slot is not scored and the verdict is inconclusive. Re-run on a quiet box; if the slot's commit "
+                 "cannot be re-measured here, re-base it from a sealed main receipt: `scoreboard frontier rebase`.")
     if fails:
         body += (f" But a guard failed ({'; '.join(fails)}), so the verdict is REJECT; the speed alone would have "
                  f"earned {speed_label}.")
@@ -475,6 +497,7 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
     correctness: list[str] = []
     flags: list[str] = []
     unsound: list[str] = []
+    drift: list[str] = []
     evs: dict[str, list[Evidence]] = {"scored": [], "guard": []}
     for m in target.metrics:
         i, entry = _find_metric(s.speed, m)
@@ -503,6 +526,11 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
             if entry.frontier < 0:
                 raise InputError(f"receipt {path}.frontier: must be a number >= 0 tok/s, got {entry.frontier!r}")
             slot = float(entry.frontier)
+            moved = _slot_drift(entry, target, m)
+            if moved and slot > 0:
+                drift.append(f"{metric_name(m)}: {moved}")
+                if m.role == "guard":
+                    continue  # a guard against a constant the box no longer matches is not judged
         try:
             ev = evidence(m, cand, target.tiers, s.seed, main_blocks, slot, ev_notes,
                           paired_basis=f"{paired}-same-round")
@@ -514,8 +542,19 @@ def verdict_from_scoring(s: Scoring, target: Target) -> Verdict:
         evs[m.role].append(ev)
     if correctness:
         return decide(False, correctness, None, (), target.tiers)
+    scored_drift = [d for d in drift if d.startswith(metric_name(target.scored) + ":")]
+    notes += [f"not judged: {d}" for d in drift if d not in scored_drift]
     return decide(True, [], evs["scored"][0], evs["guard"], target.tiers, notes=notes,
-                  guards_convict=not s.is_main, flags=flags, unsound=unsound)
+                  guards_convict=not s.is_main, flags=flags, unsound=unsound, drift=scored_drift)
+
+
+def _slot_drift(entry: SpeedMetric, target: Target, m: Metric) -> str | None:
+    """Why the reference arm of `entry` is too far from the baseline the round recorded at its start (None
+    when it is not, or when the receipt predates the record)."""
+    if entry.baseline is None:
+        return None
+    return drift_problem(entry, float(entry.baseline), target.speed.reference_drift_max,
+                         target.slot(target.reference_engine, m))
 
 
 def zero_variance(arms: Mapping[str, ArmRec], name: str) -> list[str]:

@@ -123,12 +123,15 @@ def lock_with_test_target(dest_dir: Path) -> Path:
 
 
 _JITTER = (1.0, 0.99, 1.01)  # per-rep scale of the time; the median rep is the unscaled one
+_BLOCK_DRIFT = (1.0, 1.004, 0.997, 1.002, 0.999)  # per-block scale (block_drift=True): block values a real box gives
 
 
-def _blocks(tps: float, n_tokens: int, blocks: int, reps: int, tokens: bool) -> list[dict[str, Any]]:
+def _blocks(tps: float, n_tokens: int, blocks: int, reps: int, tokens: bool,
+            drift: bool = False) -> list[dict[str, Any]]:
     out = []
     for b in range(blocks):
-        ns = [round(n_tokens / tps * 1e9 * _JITTER[r % 3]) for r in range(reps)]
+        scale = _BLOCK_DRIFT[b % len(_BLOCK_DRIFT)] if drift else 1.0
+        ns = [round(n_tokens / tps * 1e9 * _JITTER[r % 3] * scale) for r in range(reps)]
         blk: dict[str, Any] = {"block": b, "samples_ns": ns, "n_tokens": [n_tokens] * reps,
                                "wall_ns": sum(ns) + 1000, "command": ["worker", "--block", str(b)]}
         if tokens:
@@ -147,8 +150,12 @@ def make_receipt(*, is_main: bool = True, label: str = "S", gate_pass: bool = Tr
                  candidate_tps: float = 50.0, reference_tps: float = 40.0, guard_tps: float = 900.0,
                  ref_guard_tps: float = 800.0, blocks: int = 3, reps: int = 3, status: str = "verdict",
                  created_at: str = "2026-11-29T14:15:00Z", round_hex: str = "3f9a1c2e", claim: bool = False,
-                 commit: str | None = None, frontier_at_start: float = 0.0) -> dict[str, Any]:
-    """An unsealed receipt for the test target. `status="aborted"` gives an aborted round (no verdict)."""
+                 commit: str | None = None, frontier_at_start: float = 0.0, guard_frontier_at_start: float = 0.0,
+                 baselines_at_start: tuple[float, float] | None = None, block_drift: bool = False) -> dict[str, Any]:
+    """An unsealed receipt for the test target. `status="aborted"` gives an aborted round (no verdict).
+    `*_at_start`: the slots as the round read them at its start (the scored and guard frontier; the two
+    reference baselines, receipt 1.3, absent when None). `block_drift`: block values that differ (else every
+    block of an arm is the same, which the verdict flags as zero variance)."""
     stamp = created_at.replace("-", "").replace(":", "")
     commit = commit if commit is not None else (MAIN_COMMIT if is_main else PR_COMMIT)
     arms = ["reference", "candidate"] + ([] if is_main else ["main"])
@@ -160,10 +167,12 @@ def make_receipt(*, is_main: bool = True, label: str = "S", gate_pass: bool = Tr
             arm_tps = {"reference": ref, "candidate": cand, "main": cand}
             metrics.append({"phase": phase, "depth": depth, "n_tokens": n,
                             "role": "scored" if phase == "decode" else "guard", "slot": slot,
-                            "frontier": frontier_at_start if phase == "decode" else 0.0,
-                            "arms": {a: {"blocks": _blocks(arm_tps[a], n, blocks, reps, a != "reference")}
-                                     for a in arms},
+                            "frontier": frontier_at_start if phase == "decode" else guard_frontier_at_start,
+                            "arms": {a: {"blocks": _blocks(arm_tps[a], n, blocks, reps, a != "reference",
+                                                           block_drift)} for a in arms},
                             "timed_output_ok": True})
+            if baselines_at_start is not None:
+                metrics[-1]["baseline"] = baselines_at_start[0 if phase == "decode" else 1]
         speed = {"schedule": [arms if b % 2 == 0 else arms[::-1] for b in range(blocks)], "metrics": metrics}
     gate = None
     if status == "verdict":

@@ -195,11 +195,11 @@ def test_a_round_without_calibration_says_so_and_moves_no_frontier():
 
 
 def test_round_options_skip_is_recorded_in_the_receipt(lock, tmp_path):
-    """require_calibration=False gets past the check; the receipt (aborted here at preflight: this box is not
-    of the target's node class) says skipped."""
-    text = lock.read_text().replace("min_cpu_cores = 2\n", "min_cpu_cores = 4096\n", 1)
-    assert "min_cpu_cores = 4096" in text
-    lock.write_text(text)
+    """require_calibration=False gets past the check; the receipt (aborted here at preflight: the box's copy of a
+    shard is not the pinned one) says skipped."""
+    doc = tomlkit.parse(lock.read_text())
+    doc["weights"]["k3-mini"]["files"][0]["sha256"] = "0" * 64
+    lock.write_text(tomlkit.dumps(doc))
     out = run_round(_opts(lock, tmp_path, require_calibration=False, seal=False))
     assert out.receipt["status"] == "aborted" and out.receipt["aborted"]["stage"] == "preflight"
     assert out.receipt["calibration"]["status"] == "skipped"

@@ -258,3 +258,149 @@ def test_the_readme_lists_every_command_and_the_exit_codes():
     for where in (readme, (REPO / "docs" / "receipt-format.md").read_text(encoding="utf-8")):
         assert "| 0 |" in where and "| 1 |" in where and "| 2 |" in where
     assert "pip install -U scoreboard" not in readme
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv"])
+def test_ladder_in_markdown_and_csv(history, monkeypatch, capsys, fmt):
+    """`--format md` pastes into a PR as llama-bench -o md does; csv is one row per step with a header."""
+    import csv as csv_mod
+
+    lock, rounds, ids = history
+    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--format", fmt)
+    assert code == 0
+    lines = out.strip().splitlines()
+    if fmt == "md":
+        assert lines[0].startswith("| slot | metric | date | round |") and set(lines[1]) <= set("|-: ")
+        assert "---:" in lines[1]  # numbers right-aligned
+        assert sum(ids[3] in line for line in lines) == 2 and "| M |" in out
+    else:
+        rows = list(csv_mod.DictReader(lines))
+        assert [r["tier"] for r in rows if "DECODE" in r["slot"]] == ["BASELINE", "S", "M"]
+        assert float(rows[-1]["frontier after"]) == pytest.approx(1000.0)
+    code, _, err = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--format", "mdd")
+    assert code == 1 and "did you mean --format md" in err
+
+
+def test_the_ladder_plot_draws_decode_against_depth(history, monkeypatch, capsys, tmp_path):
+    lock, rounds, ids = history
+    plot = tmp_path / "l.svg"
+    code, _, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(plot))
+    svg = plot.read_text(encoding="utf-8")
+    assert code == 0 and 'class="depth-profile"' in svg and "context depth (tokens in the cache, log scale)" in svg
+    assert 'data-arm="reference" data-depth="512"' in svg and 'data-arm="candidate" data-depth="512"' in svg
+
+
+def test_every_command_that_takes_a_target_takes_dash_t():
+    """The README says every command takes `--target/-t`: `gate show` and `gate calibrate` took a positional only,
+    `tier` and `frontier lower` had no `-t`. Checked over the real command tree, so a new command cannot miss it."""
+    import typer.main
+
+    from scoreboard.cli.main import app
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield " ".join(path), cmd
+
+    seen = []
+    for name, cmd in walk(typer.main.get_group(app), []):
+        for p in cmd.params:
+            if p.name == "target" and getattr(p, "opts", None):
+                seen.append(name)
+                assert "--target" in p.opts and "-t" in p.opts, f"{name}: {p.opts}"
+    assert {"gate show", "gate calibrate", "tier", "frontier lower", "frontier rebase", "round run", "ladder",
+            "report", "fit", "env"} <= set(seen), seen
+
+
+def test_gate_show_takes_the_target_as_an_option_and_the_old_form_with_a_note(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    code, new, err_new = cli(monkeypatch, capsys, "gate", "show", "-t", "k3-mini-cpu", "--json")
+    assert code == 0 and "deprecated" not in err_new
+    code, old, err_old = cli(monkeypatch, capsys, "gate", "show", "k3-mini-cpu", "--json")
+    assert code == 0 and json.loads(old) == json.loads(new)
+    assert "deprecated" in err_old and "scoreboard gate show --target k3-mini-cpu" in err_old
+
+
+@pytest.mark.parametrize("args,says", [
+    (["verify", "--rounds", "roundz"], "--rounds roundz: directory not found, and rounds is next: did you mean --rounds rounds?"),
+    (["round", "run", "--rounds", "roundz"], "did you mean --rounds rounds? (for a new history create it first"),
+    (["ladder", "--target", "k3-mini-cu"], "--target k3-mini-cu: no such target"),
+    (["ladder", "--target", "k3-mini-cu"], "did you mean --target k3-mini-cpu?"),
+    (["report", "--target", "k3-mini-cu", "--out", "OUT"], "did you mean --target k3-mini-cpu?"),
+    (["report", "--rounds", "roundz", "--out", "OUT"], "did you mean --rounds rounds?"),
+    (["round", "show", "nope", "--rounds", "roundz"], "did you mean --rounds rounds?"),
+    (["gate", "show", "-t", "k3-mini-cpu", "--rounds", "roundz"], "did you mean --rounds rounds?"),
+    (["frontier", "resume", "--rounds", "roundz"], "did you mean --rounds rounds?"),
+    (["fit", "-t", "k3-mini-cpu", "--ctx", "-5"], "--ctx -5: a size cannot be negative"),
+    (["fit", "-t", "k3-mini-cpu", "--ranks", "-2", "--node-class"], "--ranks -2: a size cannot be negative"),
+    (["fit", "-t", "k3-mini-cpu", "--usable-gib", "-1"], "--usable-gib -1.0: a size cannot be negative"),
+    (["gate", "calibrate", "-t", "k3-mini-cpu", "--seeds", "-3", "--no-seal"], "--seeds -3: a size cannot be negative"),
+    (["ladder", "--format", "yaml"], "--format yaml: not one of table, json, csv, md"),
+])
+def test_a_misspelled_or_negative_option_is_an_error_naming_the_near_match(monkeypatch, capsys, tmp_path, args, says):
+    """`verify --rounds roundz` reported 12 "hand-edited" slots (exit 2); `ladder --target k3-mini-cu` said "no frontier
+    has moved yet" (exit 0); `report --target k3-mini-cu` wrote an empty report; `fit --ctx -5` priced a negative KV
+    cache. Each is an input error now: exit 1, the option and its near match named, nothing written."""
+    monkeypatch.chdir(REPO)
+    out_file = tmp_path / "r.html"
+    code, out, err = cli(monkeypatch, capsys, *[str(out_file) if a == "OUT" else a for a in args])
+    assert code == 1, (out, err)
+    assert says in err, err
+    assert not out_file.exists()
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--target", "k3-gpu-h200"], "this box is not of node class 'h200x1' that target 'k3-gpu-h200' is measured on"),
+    (["--candidate", "EMPTY"], "engines holds no sparkinfer engine"),
+    (["--reference-source", "foo://bar"], "--reference-source: reference source 'foo://bar': not 'pin', git+<url>@<rev>"),
+])
+def test_round_run_input_errors_write_nothing(tmp_path, args, says):
+    """On a CPU box `round run --target k3-gpu-h200`, and a --candidate whose engines/ is empty, each sealed an
+    ABORTED receipt and a ledger line; a bad --reference-source passed unread while the build was cached. All three
+    are refused before any receipt exists: exit 1, the next command named, the repository's history untouched."""
+    import shutil
+
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copytree(REPO / "rounds", work / "rounds")
+    shutil.copy2(REPO / "reference.lock", work / "reference.lock")
+    (tmp_path / "empty" / "engines").mkdir(parents=True)
+    before = _snapshot(work)
+    argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "scoreboard", "round", "run", *argv], capture_output=True, text=True,
+                          cwd=work, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert says in err and "next:" in err
+    assert _snapshot(work) == before
+
+
+def test_a_long_stage_shows_what_is_left():
+    """Stages of more than a minute (the speed stage on a 2-core box: many minutes) say how long is left, from
+    the pace of their own progress events; a short one says nothing."""
+    from rich.console import Console
+
+    from scoreboard.cli.progress import eta_text
+    from scoreboard.cli.round import RichReporter
+
+    assert eta_text(40.0, 2, 10) == "~3 min 20 s left"  # 20 s a block, 10 to go
+    assert eta_text(10.0, 5, 5) == ""  # 20 s in all: short
+    assert eta_text(0.0, 0, 8) == "" and eta_text(30.0, 3, 0) == ""
+    now = [0.0]
+    buf = io.StringIO()
+    rep = RichReporter(Console(file=buf, force_terminal=False, width=200), interval=5.0, clock=lambda: now[0])
+    rep("stage", name="speed")
+    for done, msg in ((0, "block 0: reference"), (1, "block 0: candidate"), (2, "block 1: reference")):
+        rep("progress", task="speed blocks", done=done, total=8, message=msg)
+        now[0] += 30.0  # 30 s a launch
+    rep.close()
+    text = buf.getvalue()
+    assert "speed blocks 1/8 block 0: candidate (~3 min 30 s left)" in text, text
+    assert "speed blocks 2/8 block 1: reference (~3 min 00 s left)" in text, text

@@ -81,16 +81,22 @@ def lock(tmp_path: Path) -> Path:
     return p
 
 
-def test_a_gpu_round_on_this_box_is_refused_by_the_node_class_with_its_options_recorded(lock, tmp_path):
-    out = run_round(RoundOptions(target="k3-gpu-h200", lock_path=lock, rounds_dir=tmp_path / "rounds",
-                                 cache_dir=default_cache(), seal=False, seed=1, require_calibration=False))
-    r = out.receipt
-    assert out.exit_code == 1 and r["status"] == "aborted" and r["aborted"]["stage"] == "preflight"
-    assert "this box is not of node class 'h200x1'" in r["aborted"]["reason"]
-    assert "gpu.count: node class wants 1, this box has 0" in r["aborted"]["reason"]
-    assert r["lock_target"]["candidate_options"] == {"dtype": "float16", "cuda_graph": True}
-    assert r["provenance"]["candidate_options"]["effective"] == {"dtype": "float16", "cuda_graph": True}
-    assert not (tmp_path / "rounds").exists()
+def test_a_gpu_round_on_this_box_is_refused_by_the_node_class_before_any_receipt(lock, tmp_path):
+    """A target typed for another box is an input error: nothing is written, sealed or not (a new user's
+    `round run --target k3-gpu-h200` on a CPU box sealed an ABORTED receipt and a ledger line)."""
+    for seal in (False, True):
+        with pytest.raises(InputError, match="this box is not of node class 'h200x1'") as exc:
+            run_round(RoundOptions(target="k3-gpu-h200", lock_path=lock, rounds_dir=tmp_path / "rounds",
+                                   cache_dir=default_cache(), seal=seal, seed=1, require_calibration=False))
+        assert "gpu.count: node class wants 1, this box has 0" in exc.value.message
+        assert exc.value.hint == "run `scoreboard env --target k3-gpu-h200` and use a matching box"
+        assert not (tmp_path / "rounds").exists()
+    # the options such a round would run with (what its receipt's provenance records on the H200)
+    from scoreboard.round.run import candidate_options
+
+    opts = RoundOptions(target="k3-gpu-h200", lock_path=lock)
+    assert candidate_options(load_lock(lock).target("k3-gpu-h200"), opts, "k3-gpu-h200") == \
+        {"dtype": "float16", "cuda_graph": True}
 
 
 def test_round_overrides_are_checked_before_anything_runs(lock, tmp_path):
@@ -121,17 +127,24 @@ def test_lock_options_reach_the_engine_and_round_overrides_win_key_by_key(lock, 
 
 
 def test_the_cli_runs_the_gpu_target_and_refuses_it_until_it_is_calibrated(lock, tmp_path):
-    """From the CLI the GPU target loads, its options validate, and the round refuses it before anything runs
-    until `scoreboard gate calibrate k3-gpu-h200` has sealed a calibration of its bars (nothing written)."""
+    """From the CLI the GPU target loads and its options validate; on this CPU box the node class refuses it
+    first, and on a box of the class the round refuses it until `scoreboard gate calibrate k3-gpu-h200` has
+    sealed a calibration of its bars (nothing written either way)."""
     import subprocess
     import sys
+
+    from scoreboard.calibrate import check_calibration
 
     out = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "run", "--target", "k3-gpu-h200",
                           "--lock", str(lock), "--rounds", str(tmp_path / "rounds"), "--no-seal", "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
     err = " ".join(out.stderr.split())
-    assert "'k3-gpu-h200' has no calibration" in err and "scoreboard gate calibrate k3-gpu-h200" in err
+    assert "not of node class 'h200x1'" in err and "scoreboard env --target k3-gpu-h200" in err
+    with pytest.raises(InputError) as exc:
+        check_calibration(load_lock(lock), "k3-gpu-h200", tmp_path / "rounds")
+    text = exc.value.message + " " + (exc.value.hint or "")
+    assert "'k3-gpu-h200' has no calibration" in text and "scoreboard gate calibrate k3-gpu-h200" in text
     assert not (tmp_path / "rounds").exists()
 
 

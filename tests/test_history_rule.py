@@ -148,22 +148,26 @@ def test_a_shard_that_does_not_match_its_pin_is_sealed(tmp_path):
     assert sealed["aborted"]["stage"] == "preflight" and "sha256" in sealed["aborted"]["reason"]
 
 
-@needs_weights
-def test_a_box_of_another_node_class_is_sealed(tmp_path):
+def test_a_box_of_another_node_class_is_refused_before_anything_is_written(tmp_path, nothing_runs):
+    """A target whose node class this box is not (a target typed for another box) is an input error: no receipt,
+    no ledger line, the lock untouched."""
     def edit(doc):
         doc["nodes"]["cpu-x86_64"]["gpu_count"] = 1
 
     lock = _lock(tmp_path, edit)
-    sealed = _sealed_abort(tmp_path, run_round(_opts(lock, tmp_path)))
-    assert sealed["aborted"]["stage"] == "preflight" and "node class" in sealed["aborted"]["reason"]
+    before = lock.read_bytes()
+    with pytest.raises(InputError, match="this box is not of node class 'cpu-x86_64'"):
+        run_round(_opts(lock, tmp_path))
+    _nothing_written(tmp_path)
+    assert lock.read_bytes() == before
 
 
-def test_unpinned_weights_without_seal_still_run_to_the_first_observation(tmp_path):
-    """--no-seal is the trial path for unpinned weights: not refused up front; the CPU box then fails the
-    flagship's node class, and nothing is written."""
+def test_unpinned_weights_without_seal_are_not_refused_for_sealing(tmp_path, nothing_runs):
+    """--no-seal is the trial path for unpinned weights: not refused for the seal; the CPU box then fails the
+    flagship's node class before anything runs, and nothing is written."""
     lock = _lock(tmp_path)
-    out = run_round(_opts(lock, tmp_path, target=FLAGSHIP, seal=False))
-    assert out.receipt["status"] == "aborted" and out.path is None
+    with pytest.raises(InputError, match="node class 'h200x8'"):
+        run_round(_opts(lock, tmp_path, target=FLAGSHIP, seal=False))
     _nothing_written(tmp_path)
 
 

@@ -67,3 +67,29 @@ def test_held_steps_show_main_rounds_that_moved_nothing_and_compound_nothing():
     assert steps[1].ratio is None and steps[3].ratio is None
     comp = compounding(steps)["S"]
     assert comp.steps == 1 and math.isclose(comp.total_ratio, 1.1) and comp.last == 11.0
+
+
+def test_a_rebase_starts_the_compounding_afresh():
+    lines = [_line("frontier-raise", [_ch(0, 100)]), _line("frontier-raise", [_ch(100, 120)]),
+             _line("frontier-rebase", [_ch(120, 30)]), _line("frontier-raise", [_ch(30, 33)])]
+    steps = ladder_steps(lines)
+    assert [s.kind for s in steps][2] == "frontier-rebase" and steps[2].ratio is None  # a new basis, not a step
+    comp = compounding(steps)["S"]
+    assert (comp.first, comp.last, comp.steps) == (30, 33, 1) and math.isclose(comp.total_ratio, 1.1)
+
+
+def test_the_plot_draws_what_each_round_measured_and_the_held_frontier_apart(tmp_path):
+    """A loaded main job measured 6.1 tok/s while the frontier held at 147: the ladder plotted it at 147 beside a
+    reference line at what was measured. Each round is drawn at what it measured; the frontier is its own line."""
+    from scoreboard.ladder import Step, slot_panel_svg
+
+    steps = [Step("r1", "2026-11-29T00:00:00Z", "S", "a" * 40, 0.0, 147.3, "frontier-raise", "BASELINE", 803.1,
+                  147.3),
+             Step("r2", "2026-12-02T00:00:00Z", "S", "b" * 40, 147.3, 147.3, "held", "inconclusive", 25.0, 6.1)]
+    svg = slot_panel_svg("S", steps)
+    assert "inconclusive 6.1<" in svg and "measured 6.1 tok/s (inconclusive); frontier held at 147" in svg
+    assert "frontier held" in svg and "candidate, measured" in svg
+    import re
+
+    ys = {m.group(1): float(m.group(2)) for m in re.finditer(r'data-round="(r\d)" cx="[\d.]+" cy="([\d.]+)"', svg)}
+    assert ys["r2"] > ys["r1"] + 20  # drawn below the frontier it held (147), where it measured (6.1)

@@ -119,3 +119,57 @@ def test_the_report_shows_a_tampered_receipt_as_such_and_exits_2(tmp_path):
     card = card[:card.index("</div>")]
     assert "TAMPERED" in card and "verdict.label" in card and "XL" not in card
     assert "UNVERIFIED" in html  # the ladder step it backs
+
+
+def _second_target_regression(rounds: Path) -> str:
+    """A sealed round of another target, 40% below its pinned slot, sealed as `none` (as rounds were before the
+    regression rule): it re-derives as a regression, and the report lists it first."""
+    from receipt_factory import make_receipt
+
+    from scoreboard.history.records import write_receipt
+
+    r = make_receipt(label="none", candidate_tps=30.0, created_at="2026-11-28T09:00:00Z", round_hex="000000ee",
+                     frontier_at_start=50.0, block_drift=True, blocks=4)
+    r["target"] = "rcpt-two"
+    r["round_id"] = r["round_id"].replace("rcpt-test", "rcpt-two")
+    write_receipt(r, rounds)
+    return r["round_id"]
+
+
+def test_the_report_opens_with_where_each_target_stands_regressions_first(tmp_path):
+    lock, rounds, ids = build_history(tmp_path / "h")
+    other = _second_target_regression(rounds)
+    proc = _report(tmp_path, rounds, lock)
+    assert proc.returncode == 0, proc.stderr
+    page = tmp_path / "report.html"
+    html = page.read_text(encoding="utf-8")
+    assert oct(page.stat().st_mode & 0o777) == "0o644"  # a page to publish, not a private file
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
+    stand = html.index("Where each target stands")
+    assert stand < html.index("<h2>Verification") < html.index("Frontier ladder")
+    section = html[stand:html.index("<h2>Verification")]
+    assert section.index("rcpt-two") < section.index("rcpt-test")  # the regression first
+    two = section[section.index('data-target="rcpt-two"'):section.index('data-target="rcpt-test"')]
+    assert 'class="label none"' in two and "re-derived today" in two and 'class="label regression"' in two
+    assert f'href="#{other}"' in two
+    assert "frontier <b>56</b> tok/s vs reference 41: <b>1.366x</b>" in section  # the lock's slots
+    assert '<div class="scroll"><table>' in html and "<table>" not in html.replace('<div class="scroll"><table>', "")
+
+
+@pytest.mark.parametrize("width", [420, 1400])
+def test_the_report_is_readable_at_phone_and_desktop_width(tmp_path, width):
+    """Nothing is cut at the right edge (a table wider than the phone scrolls inside its box; plots scale): the
+    right margin band of the screenshot is page background in every row."""
+    exe = _chromium()
+    lock, rounds, ids = build_history(tmp_path / "h")
+    _second_target_regression(rounds)
+    assert _report(tmp_path, rounds, lock).returncode == 0
+    shot = tmp_path / f"shot-{width}.png"
+    res = _browser(exe, f"--screenshot={shot}", f"--window-size={width},2000", (tmp_path / "report.html").as_uri())
+    assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
+    w, h, pixels = png_pixels(shot)
+    assert (w, h) == (width, 2000)
+    band = [pixels[y * w + x] for y in range(h) for x in range(w - 5, w)]
+    white = sum(p == b"\xff\xff\xff" for p in band) / len(band)
+    assert white > 0.995, f"{1 - white:.1%} of the right edge is content: the page is cut at {width} px"
+    assert len(set(pixels)) > 100  # and it is a page, not a blank

@@ -103,7 +103,8 @@ def test_a_a_round_is_never_a_tier(lock, tmp_path):
     four blocks of one rep on a 2-core box the block log-ratios' standard deviation is 0.15-0.25
     (measured), where an identical pair convicts in about 0.7-1.2% of rounds (normal and t(2) noise,
     simulated). CI met one such round on 2026-12-02. So a REJECT here must be a guard's, after a passed
-    gate, with the speed's own label still none or inconclusive."""
+    gate, with the speed's own label still none or inconclusive; the scored metric's regression rule is the
+    same test with the same false-alarm rate, so a regression is the scored metric's false alarm."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     if not head:
         pytest.skip("not a git checkout")
@@ -113,8 +114,10 @@ def test_a_a_round_is_never_a_tier(lock, tmp_path):
     assert r["status"] == "verdict", r.get("aborted")
     assert r["main"] is not None and "main" in r["speed"]["metrics"][0]["arms"]
     assert v["basis"] == "main-same-round"
-    assert v["speed_label"] in ("none", "inconclusive"), v  # the speed alone: never a tier
-    assert v["label"] in ("none", "inconclusive", "REJECT"), v
+    assert v["speed_label"] in ("none", "inconclusive", "regression"), v  # the speed alone: never a tier
+    assert v["label"] in ("none", "inconclusive", "REJECT", "regression"), v
+    if v["speed_label"] == "regression":
+        assert any(" regressed: " in x and "(guard_tolerance)" in x for x in v["reasons"]), v
     if v["label"] == "REJECT":  # only a guard's false alarm: the gate passed and a guard's reason says so
         assert r["gate"]["pass"], v
         assert any(x.startswith("guard ") and " regressed: " in x for x in v["reasons"]), v
@@ -129,6 +132,9 @@ def test_cli_main_job_and_show(lock, tmp_path):
     assert "verdict: BASELINE" in proc.stdout
     receipts = sorted(rounds.glob("*.json"))
     assert len(receipts) == 1
+    said = " ".join(proc.stdout.split())  # where the records went, and what to do with them
+    assert f"records: receipt {receipts[0]}" in said and "+2 line(s): round, frontier-raise" in said, said
+    assert f"lock {lock}" in said and "next:" in said
     show = subprocess.run([sys.executable, "-m", "scoreboard.cli.main", "round", "show", str(receipts[0])],
                           capture_output=True, text=True, cwd=tmp_path)
     assert show.returncode == 0 and "correctness gate" in show.stdout and "speed" in show.stdout

@@ -314,3 +314,25 @@ def test_a_decode_reveals_at_least_40_bits(lock, candidate_repo, cache, tmp_path
     assert k >= 2 and dec["reveal_bits"] >= 40 and all(len(v) == k for v in dec["revealed"]), dec
     assert dec["known_len"] == 64 - k
     assert len({tuple(v) for v in dec["revealed"]}) == len(dec["revealed"])
+
+
+def test_a_pr_that_makes_the_engine_slower_is_a_sealed_regression_and_exits_2(lock, candidate_repo, cache, tmp_path):
+    """A PR commit whose decode takes twice as long as main's, measured beside main in the same round: the scored
+    metric's whole CI lies below -guard_tolerance, so the round is a regression (exit 2), not none (exit 0)."""
+    (candidate_repo / "engines" / "toy" / "SLOW").write_text("2\n")
+    doc = tomlkit.parse(lock.read_text())
+    doc["targets"][TARGET]["tiers"]["max_ci_width"] = 2.0  # regression or none is under test, not a loaded box's noise
+    lock.write_text(tomlkit.dumps(doc))
+    git(candidate_repo, "checkout", "-q", "-b", "slow")
+    git(candidate_repo, "add", "-A")
+    git(candidate_repo, "commit", "-q", "-m", "a slower decode")
+    sha = git(candidate_repo, "rev-parse", "HEAD")
+    git(candidate_repo, "checkout", "-q", "main")
+    out = _round(lock, candidate_repo, cache, tmp_path, candidate=sha, blocks=4)
+    r = out.receipt
+    assert r["status"] == "verdict" and r["gate"]["pass"], r["aborted"]
+    v = r["verdict"]
+    assert (v["label"], v["basis"], out.exit_code) == ("regression", "main-same-round", 2), v
+    assert v["gain_ci"][1] < -0.05 and any("(guard_tolerance)" in x for x in v["reasons"])
+    assert out.path is not None and verify_all(lock, tmp_path / "rounds").ok  # sealed and on the ledger
+    assert verdict_from_receipt(parse_receipt(json.loads(out.path.read_text()))).as_dict() == v

@@ -54,7 +54,7 @@ def test_gain_direction_higher_and_lower_is_better():
     down = decide(True, [], _scored(90.0, metric=LAT), [], POLICY)
     assert (down.label, down.gain) == ("L", pytest.approx(0.10))
     worse = decide(True, [], _scored(110.0, metric=LAT), [], POLICY)
-    assert (worse.label, worse.gain) == ("none", pytest.approx(-0.10))
+    assert (worse.label, worse.gain) == ("regression", pytest.approx(-0.10))
     assert worse.gain_ci == pytest.approx((-0.10, -0.10))
 
 
@@ -126,6 +126,26 @@ def test_inconclusive_names_the_blocks_to_add():
     assert "rerun with about" in v.reasons[0] and "(add " in v.reasons[0]
 
 
+@pytest.mark.parametrize("low,high,label", [
+    (0.97, 0.9899, "regression"),  # the whole CI below 1 - guard_tolerance (1%): significantly worse
+    (0.97, 0.99, "none"),  # upper bound exactly at the tolerance: not significantly worse than it
+    (0.975, 1.005, "none"),  # a drop whose CI reaches 1
+    (0.985, 0.995, "none"),  # worse, but within the tolerance
+])
+def test_a_scored_metric_below_the_tolerance_is_a_regression(low, high, label):
+    v = decide(True, [], _ev((low + high) / 2, low, high, metric=DEC), [], POLICY)
+    assert (v.label, v.speed_label) == (label, label)
+    assert v.compliant is (label != "regression")
+    if label == "regression":
+        assert "entirely below -1.00% (guard_tolerance)" in v.reasons[0]
+        assert "that is a regression, not noise" in v.explanation
+
+
+def test_a_noisy_drop_is_inconclusive_before_it_is_a_regression():
+    v = decide(True, [], _ev(0.90, 0.85, 0.95, metric=DEC), [], POLICY)  # CI 10 points wide > max_ci_width 4
+    assert v.label == "inconclusive"
+
+
 def test_significance_needs_the_ci_lower_bound_above_zero():
     # point gain 2.5% (>= XS) but the CI reaches below zero: none, not XS
     v = decide(True, [], _ev(1.025, 0.999, 1.035, metric=DEC), [], POLICY)
@@ -190,7 +210,7 @@ def test_recorded_verdict_and_provenance_cannot_override():
     r["candidate"]["label"] = "XL"
     r["candidate"]["identity"] = {"label": "XL", "verdict": "XL"}
     v = verdict_from_receipt(r)
-    assert v.label == "none" and v.gain < 0
+    assert v.label == "regression" and v.gain < 0
 
 
 def test_recomputation_is_deterministic_and_seeded_by_the_receipt():
@@ -304,7 +324,7 @@ def test_speed_summary_reports_every_arm_and_the_reference_ratio():
 # golden incidents
 
 GOLDEN_FILES = ["stale_frontier", "hand_seeded_frontier", "claim_vs_measurement", "guard_regression",
-                "gate_failure", "baseline", "inconclusive"]
+                "gate_failure", "baseline", "inconclusive", "scored_regression", "pinned_slot_drift"]
 
 
 def _replay(case: dict) -> Verdict:
@@ -426,8 +446,8 @@ def test_cli_reports_a_recorded_verdict_that_the_data_does_not_support(tmp_path,
     p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
     _pinning_lock(tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p))
-    assert code == 0
-    assert "the receipt records 'XL'; recomputed 'none'" in " ".join(out.split())
+    assert code == 2  # what it really is: a regression
+    assert "the receipt records 'XL'; recomputed 'regression'" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("how", ["edited", "unsealed"])
@@ -453,6 +473,32 @@ def test_cli_reject_exits_2(tmp_path, monkeypatch, capsys):
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "guard_regression")), "--json")
     assert code == 2
     assert json.loads(out)["verdict"]["speed_label"] == "M"
+
+
+def test_cli_regression_exits_2_and_says_so(tmp_path, monkeypatch, capsys):
+    """k3-wide's main round of 2026-12-02 (-3.98%, CI -4.06% to -3.90%) was sealed as none, exit 0."""
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "scored_regression")))
+    text = " ".join(out.split())
+    assert code == 2
+    assert text.startswith("regression") or "\nregression" in out or " regression " in text
+    assert "entirely below -2.00% (guard_tolerance)" in text
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "scored_regression", 2)), "--json")
+    assert code == 0 and json.loads(out)["verdict"]["label"] == "none"  # inside the tolerance
+
+
+def test_cli_a_loaded_box_against_the_pinned_slot_is_inconclusive(tmp_path, monkeypatch, capsys):
+    """The default target's main job on a loaded box sealed 'none, -95.85%' against the slot of 2026-11-29 (its
+    frontier commit cannot run under this harness); the baseline the round recorded makes it inconclusive."""
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "pinned_slot_drift")), "--json")
+    v = json.loads(out)["verdict"]
+    assert code == 0 and v["label"] == "inconclusive" and v["basis"] == "frontier-slot"
+    assert any("beyond speed.reference_drift_max 25%" in f for f in v["flags"]), v["flags"]
+    r = _case("pinned_slot_drift")
+    for m in r["speed"]["metrics"]:  # the same round with its baseline at what the loaded box measured
+        m["baseline"] = 25.0 if m["phase"] == "decode" else 400.0
+    assert verdict_from_receipt(r).label == "regression"
+    code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "pinned_slot_drift", 1)), "--json")
+    assert code == 2 and json.loads(out)["verdict"]["label"] == "regression"  # a quiet box: a real regression
 
 
 def test_cli_claim(tmp_path, monkeypatch, capsys):

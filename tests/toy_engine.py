@@ -15,7 +15,8 @@ ones, its log-probs are not) and "decode_scaled" (a decode-only bug: the one-tok
 ones times 1.5, so every argmax, and so every greedy id, is right while the rows are not).
 A tree that holds `engines/toy/VARY` (a commit's own file, not an option: options are the target's, the same
 for every arm) decodes differently on every other launch: "last" flips a decode's last token (a run-dependent
-sum order that moves one argmax), "all" flips every token (a broken commit).
+sum order that moves one argmax), "all" flips every token (a broken commit). A tree that holds
+`engines/toy/SLOW` (a number) takes that many times as long per decoded token: a commit that made decode slower.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class ToyEngine(Engine):
 
     def step(self, prepared, state, revealed):
         seq, workload = list(state[0]) + list(revealed), state[1]
+        step_s = STEP_S * _slow()
         if workload.phase == "prefill":
             time.sleep(STEP_S)
             rows = [self._row(seq, prepared.handle)]
@@ -122,7 +124,7 @@ class ToyEngine(Engine):
         vary = _vary()
         out, rows = [], []
         for k in range(workload.n_tokens):
-            time.sleep(STEP_S)
+            time.sleep(step_s)
             r = self._row(seq, prepared.handle)
             if self.mode == "decode_scaled":
                 r = r * np.float32(1.5)
@@ -150,6 +152,11 @@ class ToyEngine(Engine):
 
     def step_logits(self, prepared):
         return self.rows
+
+
+def _slow() -> float:
+    f = Path(__file__).with_name("SLOW")
+    return float(f.read_text()) if f.exists() else 1.0
 
 
 def _vary() -> str:

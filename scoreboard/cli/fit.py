@@ -25,7 +25,12 @@ def command(
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Per-rank memory budget: weights (sharded + replicated), KV at the context, KDA state, scratch."""
+    from .inputs import positive
+
     target = pick_target(target, target_arg, "fit")
+    positive(ctx, "--ctx", "tokens", zero_means="the target's n_ctx")
+    positive(ranks, "--ranks", "ranks")
+    positive(usable_gib, "--usable-gib", "GiB per rank")
     rep = fit_budget(load_lock(lock), target, n_ctx=ctx or None, ranks=ranks, usable_gib=usable_gib,
                      detect=not node_class, weights_dir=dir)
     if json_out:

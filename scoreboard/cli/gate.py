@@ -18,7 +18,8 @@ app = typer.Typer(help="Calibrate a target's correctness-gate bars against measu
 
 @app.command("calibrate")
 def calibrate_cmd(
-    target: str = typer.Argument(..., help="target id in reference.lock"),
+    target_arg: Optional[str] = typer.Argument(None, metavar="[TARGET]", help="deprecated positional form of --target"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="target id in reference.lock"),
     seeds: int = typer.Option(20, "--seeds", help="seeds (prompts) to measure; each as a round with that seed"),
     first_seed: Optional[int] = typer.Option(None, "--first-seed",
                                              help="seeds FIRST..FIRST+N-1 (default: unpredictable, recorded)"),
@@ -41,6 +42,12 @@ def calibrate_cmd(
     """Reference vs the instrument, its noise floor (two precisions) and its fault suite on N seeds, against the
     bars; plus the candidate engine's own faults and precisions when it declares them."""
     from ..calibration_run import CalibrationOptions, run_calibration
+    from .console import pick_target
+    from .inputs import positive
+
+    target = pick_target(target, target_arg, "gate calibrate")
+    positive(seeds, "--seeds", "seeds")
+    positive(first_seed, "--first-seed", "(a seed)", zero_means="seeds 0..N-1")
 
     opts = CalibrationOptions(target=target, lock_path=lock, candidate=candidate, seeds=seeds, first_seed=first_seed,
                               rounds_dir=out, cache_dir=_cache_dir(), seal=seal,
@@ -119,7 +126,8 @@ def _engine_line(engine: dict[str, Any]) -> str:
 
 @app.command("show")
 def show_cmd(
-    target: str = typer.Argument(..., help="target id in reference.lock"),
+    target_arg: Optional[str] = typer.Argument(None, metavar="[TARGET]", help="deprecated positional form of --target"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="target id in reference.lock"),
     lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="rounds directory holding calibrations/"),
     json_out: bool = typer.Option(False, "--json", help="print the record as JSON"),
@@ -132,13 +140,17 @@ def show_cmd(
     from ..errors import InputError
     from ..history.trust import Trust
     from ..lockfile import load_lock
+    from .console import pick_target
+    from .inputs import existing_dir
 
+    target = pick_target(target, target_arg, "gate show")
+    existing_dir(rounds, "--rounds")
     lk = load_lock(lock)
     lk.target(target)  # an unknown target is an input error naming the lock's targets
     found = latest_calibration(rounds, target)
     if found is None:
         raise InputError(f"target {target!r} has no calibration in {rounds}/calibrations.jsonl",
-                         f"scoreboard gate calibrate {target}")
+                         f"scoreboard gate calibrate --target {target}")
     rec, _line = found
     if json_out:
         print_json(rec)

@@ -23,6 +23,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("env", "env"),
     ("round", "round"),
     ("ladder", "ladder"),
+    ("compare", "compare"),
     ("audit-pins", "audit_pins"),
     ("pin", "pin"),
     ("weights", "weights"),
@@ -35,7 +36,7 @@ COMMANDS: list[tuple[str, str]] = [
 ]
 
 EXIT_CODES = """Exit codes (every command): 0 ok; 1 error or refused input (nothing written); 2 a verdict-level
-failure: REJECT, pin drift, a tampered/unsealed receipt or a `verify` finding."""
+failure: REJECT, regression, pin drift, a tampered/unsealed receipt or a `verify` finding."""
 
 app = typer.Typer(
     name="scoreboard",

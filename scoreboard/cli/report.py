@@ -27,10 +27,12 @@ def command(
 
     if not out.parent.is_dir():
         raise InputError(f"--out {out}: directory {out.parent} not found", "create it or pick another path")
-    if not rounds.is_dir():
-        raise InputError(f"--rounds {rounds}: directory not found", "run from the repository root or pass --rounds DIR")
+    from .inputs import existing_dir, known_target
+
+    existing_dir(rounds, "--rounds")
+    known_target(target, lock, rounds)  # a misspelled one would write an empty report
     rep = build_report(rounds, lock if lock.is_file() else None, target)
-    atomic_write_text(out, rep.html)
+    atomic_write_text(out, rep.html, mode=0o644)  # a page to publish: readable by the web server, like any file
     bad = [r.path.name for r in rep.unverified]
     if json_out:
         print_json({"out": str(out), "rounds": len(rep.rounds), "steps": len(rep.steps), "unverified": bad,

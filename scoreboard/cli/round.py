@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..cache import cache_dir
 from ..errors import InputError
 from ..history.receipt import EnvironmentRec, Receipt
 from .console import console, err_console, print_json
+from .progress import RichReporter  # noqa: F401  (gate.py and the tests take it from here)
 
 app = typer.Typer(help="Run a sealed round, or show a sealed receipt.", no_args_is_help=True)
 
@@ -24,85 +23,6 @@ DEFAULT_TARGET = "k3-mini-cpu"
 
 def _cache_dir() -> Path:
     return cache_dir()
-
-
-class RichReporter:
-    """Turns the round's report events into progress lines (stderr, so --json stays clean).
-
-    On a terminal: a live rich progress bar. Otherwise (output to a file or a CI log) a live bar prints
-    nothing until it ends, and the speed stage would be silent for minutes: print a plain line per
-    progress event at most every `interval` seconds, and a heartbeat naming the stage and its last step
-    whenever nothing else was printed for `interval` seconds.
-    """
-
-    def __init__(self, console=None, interval: float | None = None) -> None:
-        import threading
-
-        self.console = console or err_console
-        self.live = self.console.is_terminal
-        self.interval = interval if interval is not None else float(os.environ.get("SCOREBOARD_PROGRESS_EVERY", 5))
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                 console=self.console, transient=False)
-        self.tasks: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stage, self._stage_t0, self._last_msg = "", 0.0, ""
-        self._last_print = 0.0
-
-    def _say(self, text: str, markup: bool = False) -> None:
-        import time
-
-        with self._lock:
-            self.console.print(text, highlight=False, markup=markup)
-            self._last_print = time.monotonic()
-
-    def _heartbeat(self) -> None:
-        import time
-
-        while not self._stop.wait(min(self.interval, 1.0)):
-            now = time.monotonic()
-            if self._stage and now - self._last_print >= self.interval:
-                self._say(f"   ... {self._stage}: {now - self._stage_t0:.0f} s so far"
-                          + (f" (last: {self._last_msg})" if self._last_msg else ""))
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        self.progress.stop()
-
-    def __call__(self, event: str, **kw: Any) -> None:
-        import threading
-        import time
-
-        if event == "stage":
-            self._stage, self._stage_t0, self._last_msg = kw["name"], time.monotonic(), ""
-            self._say(f"[bold cyan]== {kw['name']}[/]", markup=True)
-            if not self.live and self._thread is None:
-                self._thread = threading.Thread(target=self._heartbeat, name="scoreboard-progress", daemon=True)
-                self._thread.start()
-        elif event == "step":
-            self._last_msg = kw["message"]
-            self._say(f"   {kw['message']}")
-        elif event == "retry":
-            self._say(f"[yellow]   transient failure in {kw['stage']} (attempt {kw['attempt']}): "
-                      f"{kw['error']}[/]", markup=True)
-        elif event == "progress":
-            name = kw["task"]
-            self._last_msg = f"{name} {kw['done']}/{kw['total']} {kw.get('message', '')}".strip()
-            if not self.live:
-                if kw["done"] >= kw["total"] or time.monotonic() - self._last_print >= self.interval:
-                    self._say(f"   {self._last_msg}")
-                return
-            if name not in self.tasks:
-                self.progress.start()
-                self.tasks[name] = self.progress.add_task(name, total=kw["total"])
-            self.progress.update(self.tasks[name], completed=kw["done"], description=f"{name}: {kw.get('message', '')}")
-            if kw["done"] >= kw["total"]:
-                self.progress.stop()
 
 
 @app.command("run")
@@ -130,21 +50,30 @@ def run_cmd(
              "SCOREBOARD_REFERENCE_SOURCE)"),
 ) -> None:
     """Preflight, gate before speed, interleaved timing, verdict, seal, raise-only frontier."""
-    from ..round.run import RoundOptions, run_round
+    from ..lockfile import load_lock
+    from ..round.run import RoundOptions
+    from .inputs import new_or_existing_dir
+    from .written import ledger_kinds
 
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
                         seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
                         renew_reference_anchor=renew_reference_anchor, reference_source=reference_source,
                         engine_repo=engine_repo)
-    from ..drift import reference_drift
-    from ..history.receipt import parse_receipt
-    from ..lockfile import load_lock
-    from ..round.run import UnsealedReceipt
-
+    new_or_existing_dir(rounds, "--rounds")
     before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
+    lines_before = len(ledger_kinds(rounds))
+    outcome = _run_with_progress(opts)
+    _print_outcome(outcome, opts, json_out, before, lines_before)
+    raise typer.Exit(outcome.exit_code)
+
+
+def _run_with_progress(opts: Any) -> Any:
+    """The round with its progress on stderr; an unsealed receipt is printed before its error."""
+    from ..round.run import UnsealedReceipt, run_round
+
     reporter = RichReporter()
     try:
-        outcome = run_round(opts, reporter)
+        return run_round(opts, reporter)
     except UnsealedReceipt as exc:  # print the kept receipt, then the error (exit 1) names its path
         reporter.close()
         if exc.path is not None:
@@ -155,10 +84,18 @@ def run_cmd(
     except KeyboardInterrupt:
         reporter.close()
         err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched "
-                          f"(next: `scoreboard round run --target {target}` again)")
+                          f"(next: `scoreboard round run --target {opts.target}` again)")
         raise typer.Exit(130) from None
     finally:
         reporter.close()  # a live progress bar must not swallow the interrupt/error message
+
+
+def _print_outcome(outcome: Any, opts: Any, json_out: bool, before: dict[str, float], lines_before: int) -> None:
+    """The receipt (rendered, or as JSON on stdout), drift warnings, slot changes, then where the records are."""
+    from ..drift import reference_drift
+    from ..history.receipt import parse_receipt
+    from .written import written_since
+
     parsed = parse_receipt(outcome.receipt)
     drift = reference_drift(parsed, None, before)
     if json_out:
@@ -171,13 +108,41 @@ def run_cmd(
             console.print(f"receipt: {outcome.path}")
         if outcome.records:
             console.print(f"records saved: {outcome.records}", highlight=False)
-        elif seal and outcome.receipt["status"] == "verdict":
+        elif opts.seal and outcome.receipt["status"] == "verdict":
             console.print("[yellow]not sealed[/]: the target's weights are not fully pinned "
-                          f"(next: `scoreboard pin weights --target {target} --revision <sha>`)")
+                          f"(next: `scoreboard pin weights --target {opts.target} --revision <sha>`)")
         for ch in outcome.frontier_change or []:
             console.print(f"[green]{ch.kind}[/] {ch.slot}: {ch.before:g} -> {ch.after:g} tok/s "
                           f"({ch.reps} reps, {ch.commit[:12]})", highlight=False)
-    raise typer.Exit(outcome.exit_code)
+    if outcome.path:  # on stderr under --json: stdout stays the receipt alone
+        out = err_console if json_out else console
+        written = written_since(opts.rounds_dir, opts.lock_path, lines_before, outcome.path,
+                                outcome.frontier_change or [])
+        for line in _after_round(parsed, outcome.path, opts.lock_path) + records_lines(written, parsed):
+            out.print(line, highlight=False, soft_wrap=True)
+
+
+def records_lines(written: Any, r: Receipt) -> list[str]:
+    """Where a sealed round's records are, and the commit that keeps them (cli/records.py)."""
+    from .written import records_note
+
+    label = r.verdict.label if r.verdict else "aborted"
+    gain = f" ({r.verdict.gain * 100:+.2f}%)" if r.verdict and r.verdict.gain is not None else ""
+    return records_note(written, f"records: {r.target} round {r.round_id} at {r.candidate.commit[:12] or '-'}: "
+                                 f"{label}{gain}")
+
+
+def _after_round(r: Receipt, path: Path, lock: Path) -> list[str]:
+    """The next step a main round scored against a pinned slot (its frontier's commit could not run) needs."""
+    note = str((r.provenance or {}).get("frontier_arm") or "")
+    v = r.verdict
+    if not note.startswith("not measured") or v is None or v.basis != "frontier-slot" or v.label in ("BASELINE",):
+        return []
+    return [f"note: {note}",
+            "next: on a quiet box of this target's node class the verdict against the slot is a measurement; if this "
+            "is the box the target is measured on now, re-base the frontier to this round (logged, checked by "
+            f"`scoreboard verify`): scoreboard frontier rebase --target {r.target} --receipt {path} --lock {lock} "
+            "--reason '<why: e.g. the frontier commit speaks an older engine contract>'"]
 
 
 @app.command("show")
@@ -186,25 +151,36 @@ def show_cmd(
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts directory"),
     lock: Path = typer.Option(Path("reference.lock"), "--lock",
                               help="baseline slots for the reference-drift warning (skipped when absent)"),
-    json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON"),
+    json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON (= --format json)"),
+    fmt: Optional[str] = typer.Option(None, "--format", metavar="table|json|csv|md",
+                                      help="output format (json: the receipt; csv, md: the speed per metric and arm)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE",
+                                        help="also write decode tok/s against depth for every arm (SVG)"),
 ) -> None:
-    """Render a receipt: gate per depth, speed per metric, verdict and its explanation."""
-    path = Path(round_id) if round_id.endswith(".json") else rounds / f"{round_id}.json"
-    if not path.exists():
-        matches = sorted(rounds.glob(f"*{round_id}*.json"))
-        if len(matches) != 1:
-            raise InputError(f"no receipt {round_id!r} in {rounds}/" if not matches else
-                             f"{round_id!r} matches {len(matches)} receipts", "list them with `ls rounds/`")
-        path = matches[0]
+    """Render a receipt: gate per depth, speed per metric, decode by depth, verdict and its explanation."""
     from ..history.sealed import read_sealed
     from ..history.trust import near
+    from .formats import flat, pick_format
+    from .inputs import receipt_path
+    from .receipt_view import SPEED_COLUMNS, speed_rows, verdict_line, write_depth_plot
 
+    out_fmt = pick_format(fmt, json_out)
+    if plot is not None and not plot.parent.is_dir():
+        raise InputError(f"--plot {plot}: directory {plot.parent} not found", "create it or pick another path")
+    path = receipt_path(round_id, rounds)
     # the seal and its signer before anything is rendered: exit 2 when edited, unsealed or untrusted
     parsed = read_sealed(path, near(path.parent, lock if lock.is_file() else None)).receipt
-    if json_out:
+    if out_fmt == "json":
         print_json(parsed.model_dump(mode="json", by_alias=True))
-        return
-    render(parsed, _drift_vs_lock(parsed, lock))
+    elif out_fmt in ("csv", "md"):
+        print(flat(SPEED_COLUMNS, speed_rows(parsed), out_fmt))
+        if out_fmt == "md":
+            print("\n" + verdict_line(parsed))
+    else:
+        render(parsed, _drift_vs_lock(parsed, lock))
+    if plot is not None:
+        written = write_depth_plot(parsed, plot)
+        (console if out_fmt == "table" else err_console).print(f"plot: {written}", highlight=False)
 
 
 def _drift_vs_lock(receipt: Receipt, lock: Path) -> list[str]:
@@ -260,7 +236,10 @@ def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) ->
                           f"{p['kl_mean']:.3g}, p99 {p['kl_p99']:.3g}, top-1 {p['top1']:.4f} "
                           + ("[green]pass[/]" if p["pass"] else "[red]fail[/]"))
     if r.speed:
+        from .receipt_view import depth_table
+
         _speed_table(r)
+        depth_table(r)
         for w in drift or []:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
     _memory(r.environment)
@@ -269,7 +248,7 @@ def render(receipt: Receipt | dict[str, Any], drift: list[str] | None = None) ->
                       + f" (total {sum(float(v) for v in r.stage_seconds.values()):,.1f} s)", highlight=False)
     v = r.verdict
     label = v.label if v else None
-    color = {"REJECT": "red", "inconclusive": "yellow", "none": "white"}.get(label or "", "green")
+    color = {"REJECT": "red", "regression": "red", "inconclusive": "yellow", "none": "white"}.get(label or "", "green")
     console.print(f"[bold {color}]verdict: {label}[/]")
     if v and v.explanation:
         console.print(v.explanation, highlight=False)

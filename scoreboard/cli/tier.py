@@ -14,7 +14,8 @@ from ..lockfile import DEFAULT_LOCK, Target, load_lock
 from ..tiers import ESTIMATOR, POOLED_MEDIAN, Verdict, receipt_target, score_claim, summarize_speed, verdict_from_receipt
 from .console import console, print_json
 
-_STYLE = {"REJECT": "bold red", "inconclusive": "yellow", "none": "white", "BASELINE": "cyan"}
+_STYLE = {"REJECT": "bold red", "regression": "bold red", "inconclusive": "yellow", "none": "white",
+          "BASELINE": "cyan"}
 
 
 def _show(v: Verdict) -> None:
@@ -43,14 +44,15 @@ def _speed_table(receipt: Receipt, target: Target) -> None:
 def command(
     receipt: Optional[Path] = typer.Option(None, "--receipt", help="a round receipt (rounds/<round_id>.json)"),
     claim: Optional[float] = typer.Option(None, "--claim", help="a claimed value (tok/s) to label as a claim"),
-    target: Optional[str] = typer.Option(None, "--target", help="target id (with --claim)"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="target id (with --claim)"),
     metric: str = typer.Option("scored", "--metric", help="with --claim: `scored`, `phase@depth` or a slot name"),
     lock: Optional[Path] = typer.Option(None, "--lock", help="score with this lock's current policy "
                                         "(default: the policy recorded in the receipt; --claim reads "
                                         "reference.lock)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT."""
+    """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT
+    or regression."""
     from rich.markup import escape
 
     from ..history.sealed import read_sealed

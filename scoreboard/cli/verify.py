@@ -32,6 +32,11 @@ def command(
     """Verify every receipt's seal and signer, the ledger chain, and that every slot is backed by a trusted receipt."""
     if markdown is not None and base is None:
         raise InputError("--markdown needs --base REV", "scoreboard verify --base origin/main --markdown policy.md")
+    from .inputs import new_or_existing_dir
+
+    # a misspelled one would read as an empty history (every slot "hand-edited"); a missing one with no near
+    # name is a history that never was, and is reported as such
+    new_or_existing_dir(rounds, "--rounds")
     report = verify(lock, rounds, public_key)
     policy = None
     if base is not None:
@@ -48,7 +53,7 @@ def command(
     if report.problems:
         raise NonCompliant(f"verify found {len(report.problems)} problem(s)",
                            "restore the named files from git (`git diff -- rounds reference.lock`); slots "
-                           "change only through `scoreboard round run` or `scoreboard frontier lower`, records only "
+                           "change only through `scoreboard round run`, `scoreboard frontier lower` or `scoreboard frontier rebase`, records only "
                            "as a pinned key seals them (docs/signing.md)")
 
 

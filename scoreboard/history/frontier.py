@@ -82,8 +82,9 @@ def measured_slots(receipt: Receipt) -> list[Measured]:
 MOVES_FRONTIER = ("BASELINE", "XS", "S", "M", "L", "XL")
 
 
-def ineligible(receipt: Receipt) -> str | None:
-    """Why this (sealed) receipt may not write slots; None when it may."""
+def ineligible(receipt: Receipt, by_verdict: bool = True) -> str | None:
+    """Why this (sealed) receipt may not write slots; None when it may. `by_verdict` False leaves out the rule
+    on its verdict's label (a re-base writes slots from a round scored against a pinned slot: history.rebase)."""
     v, gate, cand, env = receipt.verdict, receipt.gate, receipt.candidate, receipt.environment
     label = v.label if v else None
     harness = (env.model_extra or {}).get("harness") or {}
@@ -97,7 +98,7 @@ def ineligible(receipt: Receipt) -> str | None:
         ((env.isolation or {"tool": "bwrap"}).get("tool") != "bwrap",
          "the candidate's workers ran without the sandbox (isolation: none)"),
         (not (gate and gate.pass_), "the correctness gate did not pass"),
-        (label not in MOVES_FRONTIER,
+        (by_verdict and label not in MOVES_FRONTIER,
          f"verdict is {label}: only BASELINE or a significant tier moves a slot (noise must not ratchet it)"),
         (not receipt.speed, "no speed numbers"),
         (not all(m.timed_output_ok for m in (receipt.speed.metrics if receipt.speed else [])),
@@ -142,8 +143,9 @@ def late_plan(lock: Lock, receipt: Receipt, values: Mapping[str, float],
 
 
 def apply(lock_path: str | os.PathLike[str], changes: list[SlotChange], receipt: Receipt,
-          reason: str = "") -> None:
-    """Write `changes` into the lock (comment-preserving, atomic). Refuses when a slot moved since planning."""
+          reason: str = "", verb: str = "lowered") -> None:
+    """Write `changes` into the lock (comment-preserving, atomic). Refuses when a slot moved since planning.
+    `reason` (a logged hatch's) goes into each slot's comment after `verb`."""
     if not changes:
         return
 
@@ -158,7 +160,7 @@ def apply(lock_path: str | os.PathLike[str], changes: list[SlotChange], receipt:
             set_slot(doc, c.slot, {"value": c.after, "unit": "tok/s", "kind": c.kind, "reps": c.reps,
                                    "round": receipt.round_id, "commit": c.commit,
                                    "measured_at": receipt.created_at},
-                     comment=note + (f" (lowered: {reason})" if reason else ""))
+                     comment=note + (f" ({verb}: {reason})" if reason else ""))
 
     update_lock(lock_path, edit)
 
@@ -192,16 +194,18 @@ def recorded_receipt(receipt: Mapping[str, Any] | str | os.PathLike[str],
 def _slot_entry(kind: str, data: Receipt, path: Path, changes: list[SlotChange],
                 lock: Lock | None, reason: str = "", values: Mapping[str, float] | None = None,
                 date: str | None = None) -> dict[str, Any]:
-    """A ``frontier-raise`` / ``frontier-lower`` ledger line (prev_sha256 filled in by ledger.append).
-    `slot`/`value`/`frontier_*` name the scored slot on a raise and the lowered slot on a lowering.
+    """A ``frontier-raise`` / ``frontier-lower`` / ``frontier-rebase`` ledger line (prev_sha256 filled in by
+    ledger.append). `slot`/`value`/`frontier_*` name the scored slot on a raise or a re-base and the lowered slot
+    on a lowering.
     `values`/`date`: the slot state and time the line was (re)written at (default: the lock, now)."""
-    slot = scored_slot(data) if kind == "frontier-raise" else changes[0].slot
+    scored = kind in ("frontier-raise", "frontier-rebase")  # lines about a round's scored slot; a lowering names its own
+    slot = scored_slot(data) if scored else changes[0].slot
     if values is not None:
         before = values.get(slot, 0.0)
     else:
         before = lock.slots[slot].value if lock is not None and slot in lock.slots else 0.0
     after = next((c.after for c in changes if c.slot == slot), before)
-    value = scored_value(data) if kind == "frontier-raise" else changes[0].after
+    value = scored_value(data) if scored else changes[0].after
     return {"kind": kind, "round_id": data.round_id, "date": date or utc_now(), "target": data.target,
             "status": data.status, "candidate_commit": data.candidate.commit,
             "is_main": data.candidate.is_main, "verdict": _label(data),
@@ -239,7 +243,7 @@ def _record_and_apply(kind: str, lock_path: str | os.PathLike[str], rounds_dir: 
                        and last[c.slot][0].kind == kind and last[c.slot][1].after == c.after)]
     if pending:
         ledger.append(rounds_dir, _slot_entry(kind, data, path, pending, load_lock(lock_path), reason))
-    apply(lock_path, changes, data, reason)
+    apply(lock_path, changes, data, reason, "re-based" if kind == "frontier-rebase" else "lowered")
 
 
 def raise_frontier(lock_path: str | os.PathLike[str], receipt: Mapping[str, Any] | str | os.PathLike[str],

@@ -3,7 +3,7 @@
 Line kinds: ``round`` (every sealed receipt, aborted ones included; changes nothing), ``round-late`` (the
 same, for a receipt re-chained after lines sealed later than it: its seal names the earlier line it was
 sealed after, its proven place), ``frontier-raise`` (slots a sealed main round raised/replaced; written
-before the lock) and ``frontier-lower`` (the logged escape hatch). ``prev_sha256`` = sha256 of the previous line's bytes
+before the lock) and ``frontier-lower`` / ``frontier-rebase`` (the logged hatches). ``prev_sha256`` = sha256 of the previous line's bytes
 without its newline ("" for line 1).
 Appends rewrite the whole file via temp + rename (atomic) and refuse to extend a broken chain.
 """
@@ -44,7 +44,7 @@ class SlotChange(BaseModel):
 class LedgerEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["round", "round-late", "frontier-raise", "frontier-lower"]
+    kind: Literal["round", "round-late", "frontier-raise", "frontier-lower", "frontier-rebase"]
     round_id: str  # the round whose receipt backs this line
     date: str  # round: the receipt's created_at; frontier-*: when the slots were written (UTC)
     target: str
@@ -57,7 +57,7 @@ class LedgerEntry(BaseModel):
     frontier_before: float | None  # that slot before this line (round: as read at round start; None: unknown)
     frontier_after: float | None  # ... and after it (a round line changes nothing: after == before)
     changes: list[SlotChange]  # every slot this line rewrote; [] on round lines
-    reason: str  # frontier-lower: why; "" for rounds
+    reason: str  # frontier-lower, frontier-rebase: why; "" for rounds
     receipt_sha256: str  # sha256 of the receipt file's bytes
     seal_sha256: str  # the receipt's seal.sha256
     prev_sha256: str

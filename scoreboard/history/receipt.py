@@ -12,6 +12,11 @@ Format history (``format_version``, major.minor; docs/receipt-format.md is the r
   1.3 — a decode reveals K >= 1 tokens (``gate.checked.<metric>.reveal_len``, ``reveal_bits``); per rep, the
         output's ``logprobs`` in each block; the gate's ``decode_path`` (the checked run's own step rows graded
         against the reference) and each metric's checked ``logprobs``; a metric's ``timed_logprob_dev``.
+        and verdict label ``regression`` (the scored metric's whole CI below -guard_tolerance; exit 2); optional
+        ``baseline`` in each ``speed.metrics[]`` (the reference's baseline slot as read at round start): a
+        verdict against the pinned frontier slot whose reference drifted past ``speed.reference_drift_max``
+        from it is inconclusive (verdict.flags). A reader before 1.3 refuses a ``regression`` label by name
+        (verdict.label).
 A receipt of an unknown major version is refused; a newer minor of a known major is read (the top
 level still forbids unknown keys, so a minor may only add keys inside open sections).
 
@@ -38,7 +43,8 @@ if TYPE_CHECKING:
 FORMAT_VERSION = "1.3"
 FORMAT_MAJOR = 1
 
-VERDICT_LABELS = ("REJECT", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
+VERDICT_LABELS = ("REJECT", "regression", "none", "XS", "S", "M", "L", "XL", "BASELINE", "inconclusive")  # the one list
+NOT_COMPLIANT = ("REJECT", "regression")  # labels a round exits 2 for
 # what a verdict's gain is measured against (scoreboard.tiers): a same-round arm, the pinned slot, or nothing
 VERDICT_BASES = ("main-same-round", "frontier-same-round", "frontier-slot", "none")
 ARMS = ("reference", "candidate", "main", "frontier")  # main: a PR round's; frontier: a main round's
@@ -208,7 +214,8 @@ class SpeedMetric(_Open):
     plausible: bool | None = None  # no candidate-side arm above the physical ceiling
     # 1.3: the largest |timed - checked| log-prob (nats) over the candidate's timed reps (None: none to compare)
     timed_logprob_dev: float | None = None
-    _OPTIONAL_KEYS = frozenset({"frontier", "plausible", "timed_logprob_dev"})
+    baseline: float | int | None = None  # 1.3, tok/s: the reference's baseline slot as read at round start (0: none)
+    _OPTIONAL_KEYS = frozenset({"frontier", "plausible", "timed_logprob_dev", "baseline"})
 
     @field_validator("arms")
     @classmethod
@@ -285,7 +292,7 @@ class Verdict(_Open):
 
     @property
     def compliant(self) -> bool:
-        return self.label != "REJECT"
+        return self.label not in NOT_COMPLIANT
 
     def as_dict(self) -> dict[str, Any]:
         """The receipt's verdict section, every field written."""

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import frontier, ledger
+from . import frontier, ledger, rebase
 from ..errors import InputError, LockError
 from .ledger import LedgerEntry
 from ..lockfile import Lock, load_lock
@@ -148,11 +148,12 @@ def _changes_backed(ctx: _Ctx, where: str, e: LedgerEntry, rec: _Rec) -> None:
     except InputError as exc:
         ctx.add(where, "changes", exc.message)
         return
-    why = frontier.ineligible(rec.receipt) if e.kind == "frontier-raise" else frontier.lower_refusal(rec.receipt)
+    why = frontier.ineligible(rec.receipt) if e.kind == "frontier-raise" else \
+        rebase.line_refusal(rec.receipt, e.changes) if e.kind == rebase.KIND else frontier.lower_refusal(rec.receipt)
     if why:
         ctx.add(where, "round_id", f"round {e.round_id} may not write slots: {why}")
-    if e.kind == "frontier-lower" and not e.reason.strip():
-        ctx.add(where, "reason", "a lowering needs a reason")
+    if e.kind in ("frontier-lower", rebase.KIND) and not e.reason.strip():
+        ctx.add(where, "reason", "a lowering needs a reason" if e.kind == "frontier-lower" else "a re-base needs a reason")
     for i, c in enumerate(e.changes):
         m = measured.get((c.slot, c.kind))
         if m is None or m.value != c.after:

@@ -94,6 +94,27 @@ CANDIDATE_CODE = ("engines", "pyproject.toml")
 HARNESS_RECORDS = ("rounds", "reference.lock")
 
 
+def require_engine(source: CandidateSource, engine: str) -> None:
+    """A development tree (`--candidate PATH`) must hold the module the engine's entry point names (an empty or
+    unrelated engines/ is a mistyped path: refused before any receipt exists). A git arm's engines/ is that
+    commit's code: what it holds or lacks is the candidate's, recorded by the round."""
+    from .. import registry
+
+    if source.kind != "path":
+        return
+    try:
+        module = registry.entry_point(engine).partition(":")[0]
+    except InputError:
+        return  # an engine injected as a factory (tests): no module to look for; the round reports it
+    rel = Path(*module.split("."))
+    if (source.root / rel).with_suffix(".py").is_file() or (source.root / rel / "__init__.py").is_file():
+        return
+    raise InputError(f"--candidate {source.label}: {source.root / 'engines'} holds no {engine} engine (its entry "
+                     f"point {module} is neither {rel}.py nor {rel}/__init__.py there)",
+                     "point --candidate at a checkout of this repository (its engines/ holds the engine), or at "
+                     "main or a commit: --candidate main")
+
+
 def dirty_paths(root: Path) -> list[str]:
     """Uncommitted changes under `root`: modified, staged, deleted and untracked non-ignored files,
     except the harness's own records (HARNESS_RECORDS)."""
@@ -184,6 +205,15 @@ def contract_version(commit: str, repo: Path = HARNESS_ROOT) -> int:
         return 1
     m = re.search(r"^CONTRACT_VERSION = (\d+)", text, re.MULTILINE)
     return int(m.group(1)) if m else 1
+
+
+def remeasure_problem(commit: str, repo: Path = HARNESS_ROOT) -> str | None:
+    """Why this harness cannot run `commit`'s engines as a round's frontier arm (None: it can): the engine contract
+    it was written against is not this harness's (contract_version; a commit the repository lacks: InputError)."""
+    from ..engine import CONTRACT_VERSION
+
+    version = contract_version(commit, repo)
+    return None if version == CONTRACT_VERSION else f"speaks engine contract {version}, this harness {CONTRACT_VERSION}"
 
 
 def resolve_main_arm(scratch: Path, repo: Path = HARNESS_ROOT, main_branch: str = "main") -> CandidateSource:

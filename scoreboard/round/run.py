@@ -320,6 +320,8 @@ def _run(opts: RoundOptions, lock: Lock, report: Report, history: History, scrat
     where = origin(opts, lock.target(opts.target))
     src = where.resolve(opts.candidate, scratch, branch)
     main_src = None if src.is_main else where.main_arm(scratch, branch)
+    if src.plugin is None:  # a plugin's package layout is its own (armcode checks its entry point)
+        cand_mod.require_engine(src, lock.target(opts.target).candidate_engine)
     # what the end of the round needs (signing, rounds/), before anything runs: InputError, nothing written
     ready_record = ready.check_before_round(opts.rounds_dir, opts.lock_path, opts.seal, opts.update_frontier)
     if opts.seal:  # what it seals must be signed by a key the lock pins, or it would be untrusted history
@@ -370,14 +372,17 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
     """Everything the user typed or the lock says, checked before anything runs (InputError, exit 1): the
     target's engines and, through their typed options models, what the lock pins for the candidate.
 
-    Only facts that need no measurement belong here: the options, the target's names and engines, the
-    generated weights' file list, whether the weights can seal at all. What needs the box (hashing
-    shards, the node class, building the reference, running an engine) is observed by the round.
+    Only facts that need no measurement belong here: the options (--reference-source parsed too), the
+    target's names and engines, the generated weights' file list, whether the weights can seal at all, and
+    whether this box is of the target's node class at all (a target typed for another box). What else needs
+    the box (hashing shards, building the reference, running an engine) is observed by the round.
     """
     from .. import registry
     from ..errors import LockError
+    from .stages import check_reference_source, refuse_other_node
 
     t = lock.target(opts.target)
+    check_reference_source(opts.reference_source)
     if opts.seed is not None and not 0 <= opts.seed < 2 ** 63:
         raise InputError(f"--seed {opts.seed}: must be an integer from 0 to 2**63-1",
                          "omit --seed for an unpredictable one, or pass e.g. --seed 7")
@@ -423,6 +428,7 @@ def check_inputs(opts: RoundOptions, lock: Lock) -> None:
                          "not seal what it measures",
                          f"pin them first: `scoreboard pin weights --target {opts.target} --revision <40-hex Hub commit>` "
                          "(or run with --no-seal for an unsealed trial)")
+    refuse_other_node(lock, opts.target, allow=opts.allow_node_mismatch)
 
 
 def _preflight(rnd: Round) -> Preflight:
@@ -622,4 +628,4 @@ def _unsealed(what: str, receipt: dict[str, Any], rnd: Round, hint: str | None =
 def _exit_code(r: Receipt) -> int:
     if r.status == "aborted" or r.verdict is None:
         return 1
-    return 2 if r.verdict.label == "REJECT" else 0
+    return 0 if r.verdict.compliant else 2  # REJECT or regression

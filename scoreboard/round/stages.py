@@ -71,11 +71,37 @@ def fingerprint(ctx: RoundContext) -> dict[str, Any]:
 
 def check_node(ctx: RoundContext, fp: Mapping[str, Any]) -> None:
     """Refuse a box that is not of the target's node class (unless the round allows a mismatch)."""
-    t = ctx.target
-    bad = environment.node_mismatches(dict(fp), ctx.lock.nodes[t.node])
-    if bad and not ctx.allow_node_mismatch:
-        raise InputError(f"this box is not of node class {t.node!r} that target {ctx.target_id!r} is measured on:\n  "
-                         + "\n  ".join(bad), f"run `scoreboard env --target {ctx.target_id}` and use a matching box")
+    refuse_other_node(ctx.lock, ctx.target_id, fp, ctx.allow_node_mismatch)
+
+
+def refuse_other_node(lock: Any, target_id: str, fp: Mapping[str, Any] | None = None, allow: bool = False) -> None:
+    """InputError naming every field in which this box (`fp`, default: its fingerprint now) is not of the target's
+    node class. The round asks before any receipt exists (run.check_inputs: a target typed for another box is an
+    input error, nothing is written; no candidate process has run, so the box's fingerprint is the box's) and
+    again in preflight, where the fingerprint it records is checked."""
+    t = lock.target(target_id)
+    bad = environment.node_mismatches(dict(fp if fp is not None else environment.fingerprint()), lock.nodes[t.node])
+    if bad and not allow:
+        raise InputError(f"this box is not of node class {t.node!r} that target {target_id!r} is measured on:\n  "
+                         + "\n  ".join(bad), f"run `scoreboard env --target {target_id}` and use a matching box")
+
+
+def check_reference_source(spec: str | None) -> None:
+    """`--reference-source` (None: $SCOREBOARD_REFERENCE_SOURCE) parsed before anything runs, also when the build
+    is cached and the source is never fetched: a typo is refused, not ignored until the next rebuild."""
+    try:
+        from engines.llamacpp.source import SOURCE_ENV, ReferenceSource
+    except ImportError:  # the reference plugin is not installed here: its transport is not ours to read
+        return
+    import os
+
+    if spec is None and not os.environ.get(SOURCE_ENV, "").strip():
+        return
+    try:
+        ReferenceSource.parse(spec)
+    except InputError as exc:
+        where = "--reference-source" if spec is not None else f"${SOURCE_ENV}"
+        raise InputError(f"{where}: {exc.message}", exc.hint) from None
 
 
 def weights(ctx: RoundContext) -> tuple[tuple[Path, ...], WeightsRec]:
@@ -238,7 +264,11 @@ class GateStage:
         path_files = res.checked_logits or [[None] * len(v.reveals) for v in self.variants]
         path_lps = res.checked_logprobs or [[None] * len(v.reveals) for v in self.variants]
         decode_path: list[dict[str, Any]] = []
+        total = sum(len(v.reveals) for v in self.variants)  # one reference pass per variant: the gate's long part
+        done = 0
         for var, outs, lps, files in zip(self.variants, outputs, path_lps, path_files):
+            self.ctx.report("progress", task="checked outputs", done=done, total=total, message=var.key)
+            done += len(var.reveals)
             w = var.workload
             if len(outs) != len(var.reveals) or any(len(o) != w.output_len for o in outs):
                 raise EngineError(f"{var.key}: the checked run returned {[len(o) for o in outs]} ids per variant, "
@@ -258,6 +288,7 @@ class GateStage:
                 decode_path.append(path)
             checked[var.key] = {**var.describe(), "outputs": self.checked[var.key],
                                 "logprobs": self.checked_lp.get(var.key)}
+        self.ctx.report("progress", task="checked outputs", done=total, total=total, message="done")
         d = result.as_dict()
         return GateRec.model_validate({
             "depths": d["depths"], "worst": d["worst"], "pass": d["pass"] and not failed, "flagged": d["flagged"],
@@ -481,13 +512,17 @@ class SpeedStage:
                         n_variants=self.gate.n_variants, handshake=handshake, ceiling=self.pre.ceiling, **extra)
 
     def metric_rec(self, m: Any, per_arm: dict[str, list[Block]]) -> SpeedMetric:
-        """One metric's entry: its slot, the frontier read at preflight, every arm's blocks (outputs unchecked)."""
+        """One metric's entry: its slot, the frontier read at preflight, the reference's baseline slot, every
+        arm's blocks (outputs unchecked)."""
         t = self.ctx.target
         slot = t.slot(t.candidate_engine, m)
         s = self.history.frontier_slot(slot)  # verified at preflight against the ledger and its receipt
+        # the lock as loaded when the round started, before any candidate process ran; the drift rule it feeds
+        # (scoreboard.tiers) can only withhold a tier, never grant one
+        base = self.ctx.lock.slots.get(t.slot(t.reference_engine, m))
         return SpeedMetric(phase=m.phase, depth=m.depth, n_tokens=m.n_tokens, role=m.role, slot=slot,
-                           frontier=s.value if s else 0.0, arms={a: ArmRec(blocks=bs) for a, bs in per_arm.items()},
-                           timed_output_ok=True)
+                           frontier=s.value if s else 0.0, baseline=base.value if base else 0.0,
+                           arms={a: ArmRec(blocks=bs) for a, bs in per_arm.items()}, timed_output_ok=True)
 
     def check(self, speed: SpeedRec) -> SpeedRec:
         """The measured section with its checks recorded: the timed outputs (check_outputs) and every

@@ -1,4 +1,4 @@
-"""Regenerate the tier golden files: `python tests/golden/tiers/regen.py`.
+"""Regenerate the tier golden files: `python tests/golden/tiers/regen.py [NAME ...]` (default: every file).
 
 Inputs (minimal receipts, claims) are built here from the incidents' numbers with a seeded RNG; the
 `expect` blocks are written by hand from the incident arithmetic (a real scoreboard's) and are what
@@ -39,9 +39,15 @@ def base_lock_text() -> str:
     return tomlkit.dumps(doc)
 
 
-def target_dict(prefill_scored: bool = False) -> dict:
-    """The flagship target; `prefill_scored` is the case study's own setup (prefill@32k scored, decode guard)."""
+def target_dict(prefill_scored: bool = False, guard_tolerance: float | None = None,
+                max_ci_width: float | None = None) -> dict:
+    """The flagship target; `prefill_scored` is the case study's own setup (prefill@32k scored, decode guard);
+    `guard_tolerance` and `max_ci_width` another target's (k3-wide-h200: 0.02; k3-mini-cpu: 0.05 and 0.10)."""
     t = parse_lock(base_lock_text()).targets[FLAGSHIP].model_dump(mode="json")
+    if guard_tolerance is not None:
+        t["tiers"]["guard_tolerance"] = guard_tolerance
+    if max_ci_width is not None:
+        t["tiers"]["max_ci_width"] = max_ci_width
     if prefill_scored:
         for m in t["metrics"]:
             m["role"] = "scored" if m["phase"] == "prefill" else "guard"
@@ -78,8 +84,9 @@ def arm(rng: np.random.Generator, value: float, n_tokens: int, drift: np.ndarray
 
 def receipt(target: dict, values: dict, frontier: dict, *, is_main: bool, seed: int = 20260806,
             block_sd: float = 0.004, rep_sd: float = 0.003, arm_sd: float = 0.0, gate_section: dict | None = None,
-            speed: bool = True, recorded: dict | None = None) -> dict:
-    """values: {(phase, depth, n): {arm: tok/s}}; frontier: {(phase, depth, n): slot tok/s}."""
+            speed: bool = True, recorded: dict | None = None, baselines: dict | None = None) -> dict:
+    """values: {(phase, depth, n): {arm: tok/s}}; frontier: {(phase, depth, n): slot tok/s}; baselines (receipt
+    1.3): {(phase, depth, n): the reference's baseline slot at round start, tok/s}."""
     rng = np.random.default_rng(seed)
     metrics = []
     for m in target["metrics"] if speed else []:
@@ -91,6 +98,8 @@ def receipt(target: dict, values: dict, frontier: dict, *, is_main: bool, seed: 
             arms[name] = arm(rng, v, m["n_tokens"], drift, rep_sd)
         metrics.append({"phase": m["phase"], "depth": m["depth"], "n_tokens": m["n_tokens"], "role": m["role"],
                         "slot": "", "frontier": frontier.get(key, 0.0), "arms": arms, "timed_output_ok": True})
+        if baselines is not None:
+            metrics[-1]["baseline"] = baselines.get(key, 0.0)
     cand = {"engine": "sparkinfer", "label": "main" if is_main else "pr", "commit": "c" * 40, "dirty": False,
             "is_main": is_main, "identity": {}}
     return {
@@ -139,9 +148,10 @@ def cases() -> dict[str, dict]:
     for pr_no, v in (("#135", 40.35 * 1.254), ("#136", 40.35 * 1.245), ("#138", 40.35 * 1.053)):
         seeded.append({"name": f"{pr_no} vs main same-round 53.02", "receipt": pr(
             v, 53.02, 40.35, (57.0, 57.0, 56.8), 143.88, prefill_scored=True),
-            "expect": {"label": "none", "speed_label": "none", "basis": "main-same-round", "claim": False,
-                       "gain": v / 53.02 - 1, "gain_tol": 0.004}})
-    for v, label in ((55.6, "S"), (55.0, "S"), (42.5, "none")):
+            "expect": {"label": "regression", "speed_label": "regression", "basis": "main-same-round",
+                       "claim": False, "gain": v / 53.02 - 1, "gain_tol": 0.004,
+                       "reasons_contain": ["entirely below -1.00% (guard_tolerance)"]}})
+    for v, label in ((55.6, "S"), (55.0, "S"), (42.5, "regression")):
         seeded.append({"name": f"{v} vs main same-round 53.02 (figures as given in the brief)", "receipt": pr(
             v, 53.02, 40.35, (57.0, 57.0, 56.8), 143.88, prefill_scored=True),
             "expect": {"label": label, "speed_label": label, "basis": "main-same-round", "claim": False,
@@ -210,6 +220,69 @@ def cases() -> dict[str, dict]:
             "expect": {"label": "BASELINE", "speed_label": "BASELINE", "basis": "none", "claim": False,
                        "gain": None, "value": 1.00, "value_tol": 0.01,
                        "reasons_contain": ["no frontier yet", "no basis yet, cannot regress"]}}]}
+    wide = target_dict(guard_tolerance=0.02)
+    out["scored_regression"] = {
+        "source": "H200 job of 2026-12-02: k3-wide-h200 main at c851ab9 decoded 373.7 tok/s against its frontier "
+                  "commit's 389.2 re-measured in the same round (-3.98%, CI -4.06% to -3.90%), llama.cpp 412.8; "
+                  "sealed as 'none', exit 0. A scored metric whose whole CI lies below -guard_tolerance is a "
+                  "regression (exit 2).",
+        "cases": [
+            {"name": "k3-wide main vs its frontier commit, same round (the incident)", "receipt": receipt(
+                wide, {DEC: {"reference": 412.8, "candidate": 373.7, "frontier": 389.2},
+                       PP: {"reference": 17432.0, "candidate": 19189.0, "frontier": 19189.0}},
+                {DEC: 389.2, PP: 19189.0}, is_main=True),
+             "expect": {"label": "regression", "speed_label": "regression", "basis": "frontier-same-round",
+                        "claim": False, "gain": 373.7 / 389.2 - 1, "gain_tol": 0.002,
+                        "reasons_contain": ["regressed: ", "entirely below -2.00% (guard_tolerance)"],
+                        "explanation_contains": ["that is a regression, not noise"]}},
+            {"name": "a PR 4% slower than main, same round", "receipt": receipt(
+                wide, {DEC: {"reference": 412.8, "candidate": 373.7, "main": 389.2},
+                       PP: {"reference": 17432.0, "candidate": 19189.0, "main": 19189.0}},
+                {DEC: 389.2, PP: 19189.0}, is_main=False),
+             "expect": {"label": "regression", "speed_label": "regression", "basis": "main-same-round",
+                        "claim": False, "gain": 373.7 / 389.2 - 1, "gain_tol": 0.002,
+                        "reasons_contain": ["entirely below -2.00% (guard_tolerance)"]}},
+            {"name": "a PR 1.5% slower than main: inside the 2% tolerance, none", "receipt": receipt(
+                wide, {DEC: {"reference": 412.8, "candidate": 389.2 * 0.985, "main": 389.2},
+                       PP: {"reference": 17432.0, "candidate": 19189.0, "main": 19189.0}},
+                {DEC: 389.2, PP: 19189.0}, is_main=False),
+             "expect": {"label": "none", "speed_label": "none", "basis": "main-same-round", "claim": False,
+                        "gain": -0.015, "gain_tol": 0.002, "reasons_contain": ["not above 0"]}},
+        ]}
+    mini = target_dict(guard_tolerance=0.05, max_ci_width=0.10)
+    slots, bases = {DEC: 147.3126, PP: 4121.9081}, {DEC: 803.1145, PP: 4670.6728}
+    loaded = {DEC: {"reference": 25.0, "candidate": 6.1}, PP: {"reference": 400.0, "candidate": 350.0}}
+    out["pinned_slot_drift"] = {
+        "source": "a new user's main job of 2026-12-02 on the default target, a loaded 2-core box: the frontier's "
+                  "commit speaks engine contract 1, so it was not re-measured and the basis was the slot of "
+                  "2026-11-29 (147.3 tok/s); sparkinfer measured 6.1, llama.cpp 25 against its baseline 803.1; sealed "
+                  "'none, -95.85%'. Against a pinned slot, a reference beyond speed.reference_drift_max of the "
+                  "baseline the round read at its start is inconclusive (k3-mini-cpu's tolerance 5%, CI width 10%).",
+        "cases": [
+            {"name": "loaded box against the pinned slot (the incident)", "receipt": receipt(
+                mini, loaded, slots, is_main=True, baselines=bases),
+             "expect": {"label": "inconclusive", "speed_label": "inconclusive", "basis": "frontier-slot",
+                        "claim": False, "gain": 6.1 / 147.3126 - 1, "gain_tol": 0.01,
+                        "reasons_contain": ["0.03x its baseline slot", "beyond speed.reference_drift_max 25%",
+                                            "not judged: prefill 32768 tok @ depth 0: reference prefill@0"],
+                        "explanation_contains": ["the pinned frontier slot", "scoreboard frontier rebase"]}},
+            {"name": "a quiet box, 12% below the pinned slot: a regression", "receipt": receipt(
+                mini, {DEC: {"reference": 800.0, "candidate": 130.0}, PP: {"reference": 4650.0, "candidate": 4100.0}},
+                slots, is_main=True, baselines=bases),
+             "expect": {"label": "regression", "speed_label": "regression", "basis": "frontier-slot",
+                        "claim": False, "gain": 130.0 / 147.3126 - 1, "gain_tol": 0.01,
+                        "reasons_contain": ["entirely below -5.00% (guard_tolerance)"]}},
+            {"name": "the loaded box in a receipt before 1.3 (no baseline recorded): nothing to test the box against",
+             "receipt": receipt(mini, loaded, slots, is_main=True),
+             "expect": {"label": "regression", "speed_label": "regression", "basis": "frontier-slot",
+                        "claim": False, "gain": 6.1 / 147.3126 - 1, "gain_tol": 0.01}},
+            {"name": "the loaded box with the frontier's commit re-measured in the same round: paired, no drift rule",
+             "receipt": receipt(mini, {DEC: {"reference": 25.0, "candidate": 6.1, "frontier": 6.15},
+                                       PP: {"reference": 400.0, "candidate": 350.0, "frontier": 352.0}},
+                                slots, is_main=True, baselines=bases),
+             "expect": {"label": "none", "speed_label": "none", "basis": "frontier-same-round", "claim": False,
+                        "gain": 6.1 / 6.15 - 1, "gain_tol": 0.005}},
+        ]}
     out["inconclusive"] = {
         "source": "estimate noise from the run; too wide a CI is 'inconclusive', not a guess",
         "cases": [{"name": "noisy box, 6 blocks", "receipt": pr(52.0, 50.0, 50.0, (59.0, 59.0, 59.0), 18.44,
@@ -225,9 +298,10 @@ BOUNDARIES = {
               "L >= 108.68, XL >= 116.58 tok/s'. Exact thresholds are 98.80 x (1.02, 1.035, 1.06, 1.10, 1.18) = "
               "100.776, 102.258, 104.728, 108.68, 116.584. Our thresholds are inclusive (gain >= XS), so "
               "exactly 100.776 is XS where label.py's strict '> 2%' said none; 116.58 (displayed rounded) is "
-              "17.996% and stays L.",
+              "17.996% and stays L. Below the pin by more than the guard tolerance (1%: under 97.812) is a "
+              "regression where label.py said none.",
     "frontier": 98.80,
-    "rows": [[90.0, "none"], [98.80, "none"], [100.77, "none"], [100.775, "none"], [100.776, "XS"],
+    "rows": [[90.0, "regression"], [97.811, "regression"], [97.812, "none"], [98.80, "none"], [100.77, "none"], [100.775, "none"], [100.776, "XS"],
              [100.78, "XS"], [102.257, "XS"], [102.258, "S"], [102.26, "S"], [104.727, "S"], [104.728, "M"],
              [104.73, "M"], [108.679, "M"], [108.68, "L"], [116.58, "L"], [116.583, "L"], [116.584, "XL"],
              [116.59, "XL"], [169.72, "XL"]],
@@ -248,10 +322,12 @@ def dumps(doc: dict) -> str:
     return fmt(doc, "") + "\n"
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     from scoreboard.lockfile import Target
 
     for name, doc in cases().items():
+        if names and name not in names:
+            continue
         for case in doc["cases"]:
             if "receipt" in case:
                 r = case["receipt"]
@@ -261,8 +337,9 @@ def main() -> None:
                 case["verdict"] = score_claim(c["value"], parse_lock(c["lock_toml"]), FLAGSHIP,
                                               c["metric"]).as_dict()
         (HERE / f"{name}.json").write_text(dumps(doc), encoding="utf-8")
-    (HERE / "bucket_boundaries.json").write_text(json.dumps(BOUNDARIES, indent=1) + "\n", encoding="utf-8")
+    if not names or "bucket_boundaries" in names:
+        (HERE / "bucket_boundaries.json").write_text(json.dumps(BOUNDARIES, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
