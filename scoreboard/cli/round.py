@@ -123,7 +123,7 @@ def _print_outcome(outcome: Any, opts: Any, json_out: bool, before: dict[str, fl
 
 
 def records_lines(written: Any, r: Receipt) -> list[str]:
-    """Where a sealed round's records are, and the commit that keeps them (cli/records.py)."""
+    """Where a sealed round's records are, and the commit that keeps them (cli/written.py)."""
     from .written import records_note
 
     label = r.verdict.label if r.verdict else "aborted"
