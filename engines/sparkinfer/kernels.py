@@ -26,7 +26,10 @@ For the prefill: ``chunk_scan`` (the KDA chunk-to-chunk recurrence, three launch
 the diagonal; torch's form computes every score in f32 on CUDA cores).
 
 Numerics: f32 activations and accumulation throughout, f16/bf16 weights and cache read as stored, products
-in full f32 (``input_precision="ieee"``) where both sides are f32. No kernel reads a host value inside a
+in full f32 (``input_precision="ieee"``) where both sides are f32. MLA's two attention kernels multiply on the
+tensor cores with f16 operands and f32 sums: q against the f16 latent rows (split into hi + lo f16 parts for the
+decode, ~22 bits; one part in the prefill, whose q are f16 values already) and the softmax weights, rounded to f16
+(~2^-12 relative each), against the same rows. No kernel reads a host value inside a
 decoded token, so a CUDA graph records them as they are. Every sandboxed worker compiles afresh (its cache is
 private to the launch), so widths are runtime values where a loop allows it. K3Model.enable_kernels compiles
 and checks each against its torch form at prepare; tests/test_sparkinfer_kernels.py runs them on CPU
