@@ -131,7 +131,7 @@ def test_decode_really_fills_the_depth(shards, prompt):
             assert bool((st.latent[:499].abs().sum(-1) > 0).all()) and not st.latent[499:].any()
         else:  # KDA: a non-trivial recurrent state
             assert float(st.s.abs().sum()) > 0 and torch.isfinite(st.s).all()
-    assert len(engine.step(prep, state, revealed)) == 4 and state.cache.n_past == 503
+    assert len(engine.step(prep, state, revealed).token_ids) == 4 and state.cache.n_past == 503
     with pytest.raises(ValueError, match="exactly 10 prompt ids"):
         Workload("prefill", 10, 64, prompt[:20])
     state = engine.begin(prep, Workload.split("prefill", 10, 64, prompt)[0])
@@ -144,7 +144,7 @@ def test_prefill_step_ingests_the_tokens_and_returns_the_last_argmax(prepared, p
     wl, revealed = Workload.split("prefill", 100, 530, prompt)
     state = engine.begin(prep, wl)
     assert state.cache.n_past == 100
-    out = engine.step(prep, state, revealed)
+    out = engine.step(prep, state, revealed).token_ids
     assert state.cache.n_past == 630
     want = engine.logits(prep, LogitsRequest(prompt[:630], (629,), GEOM)).logits[0]
     assert out == [int(np.argmax(want))]

@@ -82,11 +82,11 @@ def test_every_begin_leaves_the_state_of_a_prefill_from_zero(shards, prompt, sta
         state, revealed, known = _begin(engine, prep, "decode", 300, prompt)  # known 299: a snapshot at 256
         _assert_same_state(state.cache, _fresh(model, known))
         assert store().restored == 0 and [len(s.ids) for s in store().snapshots] == [256]
-        first = engine.step(prep, state, revealed)  # writes rows 299.. (none below 256)
+        first = engine.step(prep, state, revealed).token_ids  # writes rows 299.. (none below 256)
         state, revealed, known = _begin(engine, prep, "decode", 300, prompt)  # the next rep: restored
         assert store().restored == 256
         _assert_same_state(state.cache, _fresh(model, known))
-        assert engine.step(prep, state, revealed) == first
+        assert engine.step(prep, state, revealed).token_ids == first
         state, _, known = _begin(engine, prep, "decode", 700, prompt)  # a nested prefix: restored, extended
         assert store().restored == 256 and [len(s.ids) for s in store().snapshots] == [640, 256]
         _assert_same_state(state.cache, _fresh(model, known))
@@ -94,7 +94,7 @@ def test_every_begin_leaves_the_state_of_a_prefill_from_zero(shards, prompt, sta
         assert store().restored == 640
         _assert_same_state(state.cache, _fresh(model, known))
         want = engine.logits(prep, E.LogitsRequest(prompt[:680], (679,), GEOM)).logits[0]
-        assert engine.step(prep, state, revealed) == [int(want.argmax())]
+        assert engine.step(prep, state, revealed).token_ids == [int(want.argmax())]
         other = (prompt[0] + 1,) + tuple(prompt[1:])  # the same length, another first id: nothing to restore
         state, _, known = _begin(engine, prep, "decode", 700, other)
         assert store().restored == 0 and [s.ids[0] for s in store().snapshots] == [other[0]]
@@ -102,7 +102,7 @@ def test_every_begin_leaves_the_state_of_a_prefill_from_zero(shards, prompt, sta
         state, revealed, known = _begin(engine, prep, "decode", 300, prompt)  # the first prompt's rows are gone
         assert store().restored == 0
         _assert_same_state(state.cache, _fresh(model, known))
-        assert engine.step(prep, state, revealed) == first
+        assert engine.step(prep, state, revealed).token_ids == first
 
 
 def test_a_write_below_a_snapshot_is_refused_and_the_next_begin_starts_over(shards, prompt):
@@ -166,5 +166,5 @@ def test_restored_begins_are_bit_exact_on_cuda_with_the_kernels_and_the_graph(sh
             state, revealed, known = _begin(engine, prep, "decode", depth, prompt)
             assert prep.handle.context.store.restored == restored
             _assert_same_state(state.cache, _fresh(model, known))
-            outs.append(engine.step(prep, state, revealed))
+            outs.append(engine.step(prep, state, revealed).token_ids)
         assert prep.handle.decoder.graphs and outs[0] == outs[1] and outs[2] == outs[3]

@@ -2,12 +2,10 @@
 K >= 1 tokens (begin() gets prompt[:depth-K], step() consumes the K in order, then generates), step() returns
 StepOutput(token_ids, logprobs) with each log-probability computed on the device from the logits row whose argmax
 the id is, and step_logits() returns those rows (decode) or the last position's row (prefill), kept on the device by
-the step itself. Until scoreboard.engine defines StepOutput, step() returns the ids (contract 2) and these tests
-put a stand-in of contract 3's exact shape there."""
+the step itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import scoreboard.engine as contract  # noqa: E402
 from engines.sparkinfer.engine import SparkInferEngine, greedy_decode  # noqa: E402
-from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, Workload  # noqa: E402
+from scoreboard.engine import EngineTarget, Geometry, LogitsRequest, StepOutput, Workload  # noqa: E402
 from scoreboard.errors import EngineError  # noqa: E402
 from scoreboard.round.prompt import draw_prompt  # noqa: E402
 from scoreboard.weights.generate import generate  # noqa: E402
@@ -26,29 +23,8 @@ from scoreboard.weights.tokenizer import Tokenizer  # noqa: E402
 GEOM = Geometry(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=1)
 
 
-@dataclass
-class StepOutput:  # contract 3's shape, exactly: what scoreboard.engine will define
-    token_ids: list[int]
-    logprobs: list[float]
-
-
-@dataclass(frozen=True)
-class RevealWorkload:
-    """A decode or prefill workload as contract 3 gives begin(): `reveal_len` ids withheld (decode: K)."""
-
-    phase: str
-    depth: int
-    n_tokens: int
-    prompt_ids: tuple[int, ...]
-    reveal_len: int
-
-    @property
-    def known_len(self) -> int:
-        return self.depth - self.reveal_len if self.phase == "decode" else self.depth
-
-
-def reveal(prompt, depth: int, n: int, k: int) -> tuple[RevealWorkload, tuple[int, ...]]:
-    return RevealWorkload("decode", depth, n, tuple(prompt[:depth - k]), k), tuple(prompt[depth - k:depth])
+def reveal(prompt, depth: int, n: int, k: int) -> tuple[Workload, tuple[int, ...]]:
+    return Workload.split("decode", depth, n, prompt, reveal=k)
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +53,6 @@ def prepared(request, shards):
     return engine, prep
 
 
-@pytest.fixture
-def contract3(monkeypatch):
-    monkeypatch.setattr(contract, "StepOutput", StepOutput, raising=False)
-
-
 def _check_rows(engine, prep, out: StepOutput) -> np.ndarray:
     """The rows of the last step: one per id, each id its row's argmax, each logprob its row's log-softmax there."""
     rows = engine.step_logits(prep)
@@ -94,7 +65,7 @@ def _check_rows(engine, prep, out: StepOutput) -> np.ndarray:
     return rows
 
 
-def test_decode_returns_step_output_with_each_ids_logprob_and_rows(prepared, prompt, contract3):
+def test_decode_returns_step_output_with_each_ids_logprob_and_rows(prepared, prompt):
     engine, prep = prepared
     wl, revealed = Workload.split("decode", 400, 8, prompt)
     out = engine.step(prep, engine.begin(prep, wl), revealed)
@@ -106,7 +77,7 @@ def test_decode_returns_step_output_with_each_ids_logprob_and_rows(prepared, pro
     assert np.allclose(rows, forced, atol=2e-4 * float(np.abs(forced).max()))
 
 
-def test_prefill_returns_the_next_token_its_logprob_and_the_last_row(prepared, prompt, contract3):
+def test_prefill_returns_the_next_token_its_logprob_and_the_last_row(prepared, prompt):
     engine, prep = prepared
     wl, revealed = Workload.split("prefill", 100, 300, prompt)
     out = engine.step(prep, engine.begin(prep, wl), revealed)
@@ -115,17 +86,8 @@ def test_prefill_returns_the_next_token_its_logprob_and_the_last_row(prepared, p
     assert np.allclose(rows, want, atol=1e-4 * float(np.abs(want).max()))  # begin's and step's calls vs one
 
 
-def test_contract_2_still_gets_the_ids(prepared, prompt):
-    engine, prep = prepared
-    assert not hasattr(contract, "StepOutput") or contract.CONTRACT_VERSION >= 3
-    wl, revealed = Workload.split("decode", 300, 5, prompt)
-    out = engine.step(prep, engine.begin(prep, wl), revealed)
-    if not hasattr(contract, "StepOutput"):
-        assert out == greedy_decode(prep, prompt, 300, 5) and isinstance(out, list)
-
-
 @pytest.mark.parametrize("k", [2, 5])
-def test_a_k_token_reveal_decodes_the_greedy_continuation_of_the_whole_prompt(prepared, prompt, contract3, k):
+def test_a_k_token_reveal_decodes_the_greedy_continuation_of_the_whole_prompt(prepared, prompt, k):
     """begin() sees prompt[:depth-K], step() consumes the K revealed ids one decode step each, then generates:
     the ids are greedy_decode's of the full prompt (which prefills depth-1 and reveals one)."""
     engine, prep = prepared
@@ -140,7 +102,7 @@ def test_a_k_token_reveal_decodes_the_greedy_continuation_of_the_whole_prompt(pr
     assert out.token_ids == greedy_decode(prep, prompt, 450, 6)
 
 
-def test_step_logits_needs_a_step(prepared, prompt, contract3):
+def test_step_logits_needs_a_step(prepared, prompt):
     engine, prep = prepared
     with pytest.raises(EngineError, match="has no step"):
         engine.step_logits(prep)
@@ -148,10 +110,9 @@ def test_step_logits_needs_a_step(prepared, prompt, contract3):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 3])
-def test_the_captured_graph_gives_the_eager_ids_logprobs_and_rows_on_cuda(shards, prompt, monkeypatch, k):
+def test_the_captured_graph_gives_the_eager_ids_logprobs_and_rows_on_cuda(shards, prompt, k):
     """float16 with the kernels: the CUDA graph's step writes each logits row and its log-probability; they are
     the eager decode's within f16-level rounding, with the same ids."""
-    monkeypatch.setattr(contract, "StepOutput", StepOutput, raising=False)
     engine = SparkInferEngine()
     runs = {}
     for graph in (True, False):

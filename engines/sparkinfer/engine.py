@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import scoreboard.engine as _contract
 from scoreboard.engine import (
     Engine,
     EngineIdentity,
@@ -55,6 +54,7 @@ from scoreboard.engine import (
     LogitsResult,
     Prepared,
     Progress,
+    StepOutput,
     Workload,
 )
 from scoreboard.errors import EngineError, ScoreboardError, TransientError
@@ -401,15 +401,13 @@ def _greedy(rows: torch.Tensor) -> tuple[list[int], list[float]]:
     return [int(x) for x in top.tolist()], [float(x) for x in lps.tolist()]
 
 
-def _output(ids: list[int], logprobs: list[float]) -> Any:
-    """step()'s result: StepOutput(token_ids, logprobs) where scoreboard.engine defines it (contract 3), else the
-    ids alone (contract 2's list[int])."""
-    cls = getattr(_contract, "StepOutput", None)
-    return ids if cls is None else cls(token_ids=ids, logprobs=logprobs)
+def _output(ids: list[int], logprobs: list[float]) -> StepOutput:
+    """step()'s result (contract 3): the ids and each one's log-probability."""
+    return StepOutput(token_ids=ids, logprobs=logprobs)
 
 
 def token_ids(out: Any) -> list[int]:
-    """The ids of a step() result, whichever contract's shape it has."""
+    """The ids of a step() result (a StepOutput, or an id list a test built)."""
     return list(getattr(out, "token_ids", out))
 
 
