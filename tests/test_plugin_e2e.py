@@ -145,8 +145,8 @@ def plugin(tmp_path: Path):
 
 
 def _scoreboard(python: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    # the session's signing key (tests/signer_fixtures.py) seals: the test lock pins it (zero_slots)
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    env.pop("SCOREBOARD_SIGNING_KEY", None)
     return subprocess.run([str(python), "-m", "scoreboard", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

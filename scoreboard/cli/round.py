@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from ..cache import cache_dir
 from ..errors import InputError
+from ..history.seal import SIGNING_KEY_ENV
 from ..history.receipt import EnvironmentRec, Receipt
 from .console import console, err_console, print_json
 from .progress import RichReporter  # noqa: F401  (gate.py and the tests take it from here)
@@ -35,7 +37,10 @@ def run_cmd(
     seed: int = typer.Option(None, "--seed", help="round seed (prompt, schedule, bootstrap); default unpredictable"),
     blocks: int = typer.Option(None, "--blocks", help="interleaved blocks (default: the target's speed policy)"),
     reps: int = typer.Option(None, "--reps", help="timed reps per arm per block (default: policy)"),
-    seal: bool = typer.Option(True, "--seal/--no-seal", help="write the sealed receipt and ledger line"),
+    seal: Optional[bool] = typer.Option(
+        None, "--seal/--no-seal",
+        help="write the sealed receipt and ledger line (default: when $SCOREBOARD_SIGNING_KEY is set; a machine "
+             "without a pinned key runs an unsealed trial whose receipt is kept under rounds/unsealed/)"),
     lock: Path = typer.Option(Path("reference.lock"), "--lock", help="path to reference.lock"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
     json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON"),
@@ -55,16 +60,35 @@ def run_cmd(
     from .inputs import new_or_existing_dir
     from .written import ledger_kinds
 
+    trial = seal is None and not os.environ.get(SIGNING_KEY_ENV)  # no key here: history is a box's to write
     opts = RoundOptions(target=target, lock_path=lock, candidate=candidate, seed=seed, blocks=blocks, reps=reps,
-                        seal=seal, rounds_dir=rounds, cache_dir=_cache_dir(),
+                        seal=bool(seal if seal is not None else not trial), rounds_dir=rounds, cache_dir=_cache_dir(),
                         renew_reference_anchor=renew_reference_anchor, reference_source=reference_source,
                         engine_repo=engine_repo)
     new_or_existing_dir(rounds, "--rounds")
     before = {k: v.value for k, v in load_lock(lock).slots.items()}  # baselines as they were at round start
     lines_before = len(ledger_kinds(rounds))
+    if trial:
+        err_console.print(f"[yellow]unsealed trial[/]: ${SIGNING_KEY_ENV} is not set, so this round seals nothing and "
+                          "moves no slot (sealed history is written by a box whose key reference.lock pins: "
+                          "docs/signing.md; `--seal` to require it, `--no-seal` to say so)", highlight=False)
     outcome = _run_with_progress(opts)
     _print_outcome(outcome, opts, json_out, before, lines_before)
+    if trial:
+        _keep_trial(outcome, opts, json_out)
     raise typer.Exit(outcome.exit_code)
+
+
+def _keep_trial(outcome: Any, opts: Any, json_out: bool) -> None:
+    """An unsealed trial's receipt, kept beside the records (rounds/unsealed/, outside what verify reads) and named."""
+    from ..round.ready import save_unsealed
+
+    path, failed = save_unsealed(outcome.receipt, opts.rounds_dir, opts.cache_dir)
+    out = err_console if json_out else console
+    if path is not None:
+        out.print(f"unsealed receipt (a trial, not history): {path}", highlight=False)
+    else:
+        out.print(f"[yellow]the unsealed receipt could not be kept[/]: {'; '.join(failed)}", highlight=False)
 
 
 def _run_with_progress(opts: Any) -> Any:
