@@ -212,7 +212,7 @@ def test_a_main_round_re_measures_the_plugin_commit_that_set_the_frontier(lock, 
     re-measures that commit of the plugin's repository as its frontier arm."""
     from scoreboard import environment
     from scoreboard.calibrate import write_record
-    from test_calibrate import synthetic
+    from calibration_fixtures import synthetic
 
     if environment.fingerprint().get("harness", {}).get("dirty"):
         pytest.skip("this checkout is dirty (engines/ or scoreboard/): its main round sets no frontier")
