@@ -17,7 +17,10 @@
 #   profile   the diagnosis profile of each of PROFILE_TARGETS (default GPU_TARGET) at main as it then stands
 #             (PROFILE_ARGS are passed to bench/h200_profile.py; the output is named by target and commit);
 #   sweep     the decode products' and routed experts' tiles re-timed (bench/h200_kernel_sweep.py) for GPU_TARGET
-#             and WIDE_TARGET at main as it then stands.
+#             and WIDE_TARGET at main as it then stands;
+#   sandbox   CUDA in a worker launched as a round launches one (bench/h200_sandbox_check.py): run before the
+#             reference build wherever it is listed, so a sandbox that cannot reach the GPU shows in the first
+#             minute, not after the build.
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every
@@ -31,7 +34,7 @@
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-ALL_PHASES="cal round ladder wide widestep profile sweep"
+ALL_PHASES="cal round ladder wide widestep profile sweep sandbox"
 [ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
 PHASES=${PHASES:-$DEFAULT_PHASES}
 for p in $PHASES; do
@@ -109,6 +112,12 @@ phase_sweep() {
     echo "sweep $t rc $?"; tail -8 "$WORK/sweep-$t.log" | grep -E "current|best_tiles|saved|error" 
   done
 }
+phase_sandbox() { :; }  # run by main before the reference build (see above)
+sandbox_check() {
+  stamp "sandbox check (CUDA in a sandboxed worker, the handshake per rep)"
+  python3 "$HERE/bench/h200_sandbox_check.py" --out "$WORK/sandbox" --device "$PROF_DEVICE" > "$WORK/sandbox.log" 2>&1
+  echo "sandbox check rc $?"; tail -12 "$WORK/sandbox.log" | cut -c1-200
+}
 
 main() {  # read whole before it runs: a copy of this file rewritten under the running job changes nothing
   rm -f "$WORK/stop" "$WORK/done"; echo $$ > "$WORK/pid"
@@ -144,6 +153,7 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
     printf '[scoreboard.engines]\nllamacpp = engines.llamacpp.engine:LlamaCppEngine\nsparkinfer = engines.sparkinfer.engine:SparkInferEngine\n' > "$d/entry_points.txt"
   fi
   python3 -m scoreboard engines | tail -3
+  case " $PHASES " in *" sandbox "*) sandbox_check;; esac
   stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
   python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
   GEN=$!
