@@ -18,9 +18,9 @@
 #             (PROFILE_ARGS are passed to bench/h200_profile.py; the output is named by target and commit);
 #   sweep     the decode products' and routed experts' tiles re-timed (bench/h200_kernel_sweep.py) for GPU_TARGET
 #             and WIDE_TARGET at main as it then stands;
-#   sandbox   CUDA in a worker launched as a round launches one (bench/h200_sandbox_check.py): run before the
+#   sandbox   CUDA in a worker launched as a round launches one (bench/h200_sandbox_check.py): run beside the
 #             reference build wherever it is listed, so a sandbox that cannot reach the GPU shows in the first
-#             minute, not after the build.
+#             minutes, not after the build.
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every
@@ -68,7 +68,7 @@ calibrate() {  # LOG TARGET SEEDS: a sealed calibration of TARGET's bars at main
 }
 round() {  # LOG TARGET: a sealed main round of TARGET at main
   go; stamp "$1: $2 round at $(head1)"
-  python3 -m scoreboard round run --target "$2" --blocks "$BLOCKS" --reps "$REPS" $RENEW > "$WORK/$1.log" 2>&1
+  python3 -m scoreboard round run --seal --target "$2" --blocks "$BLOCKS" --reps "$REPS" $RENEW > "$WORK/$1.log" 2>&1
   echo "$1 rc $?"; summary "$WORK/$1.log"; snap
   grep -q "^verdict:" "$WORK/$1.log" && RENEW=  # a completed round is the new anchor
 }
@@ -153,12 +153,14 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
     printf '[scoreboard.engines]\nllamacpp = engines.llamacpp.engine:LlamaCppEngine\nsparkinfer = engines.sparkinfer.engine:SparkInferEngine\n' > "$d/entry_points.txt"
   fi
   python3 -m scoreboard engines | tail -3
-  case " $PHASES " in *" sandbox "*) sandbox_check;; esac
+  SBX=
+  case " $PHASES " in *" sandbox "*) sandbox_check > "$WORK/sandbox.out" 2>&1 & SBX=$!;; esac
   stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
   python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
   GEN=$!
   python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
   wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+  [ -z "$SBX" ] || { wait $SBX; cat "$WORK/sandbox.out"; }
   for p in $PHASES; do "phase_$p"; done
   go
   python3 -m scoreboard verify 2>&1 | tail -3
