@@ -86,8 +86,15 @@ def max_tok_s_at(ceiling: dict[str, Any], depth: int, f16_kv: bool = False) -> f
     one byte per value, or at f16 with `f16_kv`). 0 when the ceiling holds no bandwidth."""
     bw = float(ceiling.get("memory_bandwidth_gbs") or 0) * 1e9 * int(ceiling.get("devices") or 1)
     row = int(ceiling.get("kv_bytes_per_row_f16" if f16_kv else "kv_floor_bytes_per_row") or 0)
-    total = int(ceiling.get("decode_bytes_per_token") or 0) + max(int(depth), 0) * row
-    return bw / total if bw > 0 and total > 0 else 0.0
+    # the recorded depth-0 bound is the receipt's own figure (it is what older receipts were judged by): the
+    # cache rows' time is added to its time per token; without it, the weights' bytes over the bandwidth
+    base = float(ceiling.get("decode_max_tok_s") or 0)
+    weights = int(ceiling.get("decode_bytes_per_token") or 0)
+    per_token = 1.0 / base if base > 0 else (weights / bw if bw > 0 else 0.0)
+    if per_token <= 0:
+        return 0.0
+    rows = max(int(depth), 0) * row / bw if bw > 0 else 0.0
+    return 1.0 / (per_token + rows)
 
 
 def implausible(ceiling: dict[str, Any] | None, phase: str, n_tokens: int, samples_ns: list[int],

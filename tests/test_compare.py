@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli
 from history_factory import build_history
-from receipt_factory import make_receipt
+from receipt_factory import lock_with_test_target, make_receipt
 from test_depth import profile_receipt
 
 from scoreboard.history.records import write_receipt
@@ -105,6 +105,7 @@ def test_compare_refuses_an_edited_receipt(history, monkeypatch, capsys):
 def test_compare_and_round_show_draw_decode_against_depth(tmp_path, monkeypatch, capsys):
     """A depth profile (decode at 1K, 16K, 64K, 128K): both receipts' every arm at every depth."""
     rounds = tmp_path / "rounds"
+    lock_with_test_target(tmp_path)  # beside rounds/: the lock that pins the session's signer
     a = write_receipt(profile_receipt(), rounds)
     slower = profile_receipt({1024: 45.0, 16384: 35.0, 65536: 20.0, 131072: 11.0})
     slower.update(round_id=slower["round_id"][:-8] + "0000000b", created_at="2026-11-29T14:15:00Z")

@@ -243,11 +243,13 @@ def test_a_pr_commits_code_never_runs_outside_the_sandbox_not_even_to_check_its_
     escaped = tmp_path / "escaped-on-import"
     git(plugin, "checkout", "-q", "-b", "pr")
     engine = plugin / "src" / "toyplug" / "engine.py"
-    attack = (f"import os as _os\n_os.makedirs({str(tmp_path)!r}, exist_ok=True)\n"  # in the sandbox: its own /tmp
-              f"open({str(escaped)!r}, 'w').write('out')\n")
+    # in the sandbox the write fails or lands in its own /tmp (the dropped uid may not create under the bound
+    # paths' parents); an attacker swallows the error so that the import, and the round, go on
+    attack = (f"import os as _os\ntry:\n    _os.makedirs({str(tmp_path)!r}, exist_ok=True)\n"
+              f"    open({str(escaped)!r}, 'w').write('out')\nexcept OSError:\n    pass\n")
     engine.write_text(engine.read_text().replace("import hashlib\n", "import hashlib\n" + attack, 1))
     pr = commit(plugin, "writes on import")
     git(plugin, "checkout", "-q", "main")
     out = _round(lock, plugin, cache, tmp_path, candidate=pr, seal=False)
-    assert out.receipt["status"] == "verdict", out.receipt["aborted"]  # it ran (the write went to its own tmpfs)
+    assert out.receipt["status"] == "verdict", out.receipt["aborted"]  # it ran, inside the sandbox
     assert not escaped.exists()

@@ -16,6 +16,7 @@ import pytest
 from cli_helpers import run_cli
 from receipt_factory import GUARD_SLOT, REF_SCORED_SLOT, SCORED_SLOT, TARGET, lock_with_test_target, make_receipt
 
+from scoreboard.engine import CONTRACT_VERSION
 from scoreboard.errors import InputError
 from scoreboard.history import ledger
 from scoreboard.history.held import load_history
@@ -84,7 +85,7 @@ def test_rebase_through_the_cli_is_logged_verified_and_held(tmp_path, monkeypatc
     assert slots[GUARD_SLOT].value == pytest.approx(400.0, rel=0.01)
     last = json.loads(ledger.read_lines(rounds)[-1])
     assert last["kind"] == "frontier-rebase" and last["round_id"] == r.stem
-    assert "speaks engine contract 1, this harness 2" in last["reason"] and "the new box" in last["reason"]
+    assert f"speaks engine contract 1, this harness {CONTRACT_VERSION}" in last["reason"] and "the new box" in last["reason"]
     assert {c["slot"] for c in last["changes"]} >= {SCORED_SLOT, GUARD_SLOT, REF_SCORED_SLOT}
     assert verify(lock, rounds).ok, verify(lock, rounds).problems
     held = load_history(rounds, load_lock(lock), TARGET, lock)  # what the next round is judged against

@@ -12,8 +12,9 @@ import pytest
 
 from scoreboard import registry
 from scoreboard.contract import ContractViolation, run_contract
-from scoreboard.engine import Engine, EngineIdentity, EngineTarget, Geometry, LogitsResult, Prepared
+from scoreboard.engine import Engine, EngineIdentity, EngineTarget, Geometry, LogitsResult, Prepared, StepOutput
 from scoreboard.errors import InputError
+from scoreboard.gate import log_softmax64
 
 VOCAB = 32
 
@@ -40,12 +41,18 @@ class ToyEngine(Engine):
 
     def step(self, prepared, state, revealed):
         phase, n = state
-        out = []
+        out, rows = [], []
         last = revealed[-1]
         for _ in range(n if phase == "decode" else 1):
-            last = int(np.argmax(prepared.handle[last]))
+            rows.append(prepared.handle[last])
+            last = int(np.argmax(rows[-1]))
             out.append(last)
-        return out
+        self._rows = np.stack(rows)  # contract 3: the rows step_logits() gives for the last step
+        logprobs = log_softmax64(self._rows)[np.arange(len(out)), out]
+        return StepOutput(out, [float(x) for x in logprobs])
+
+    def step_logits(self, prepared):
+        return self._rows
 
 
 class Float64Engine(ToyEngine):

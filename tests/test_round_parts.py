@@ -117,4 +117,4 @@ def test_the_engine_contract_version_of_a_commit_is_read_from_its_own_git_object
     from scoreboard.round.candidate import contract_version
 
     assert contract_version("922ce13e287f8b95cb63c8e3fc0e6d5369365eec") == 1
-    assert contract_version("HEAD") == CONTRACT_VERSION == 2
+    assert contract_version("HEAD") == CONTRACT_VERSION == 3

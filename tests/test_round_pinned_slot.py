@@ -20,7 +20,7 @@ import pytest
 from calibration_fixtures import seed_calibration
 from receipt_factory import shrunk_lock
 
-from scoreboard.history import ledger
+from scoreboard.history import durable, ledger
 from scoreboard.history.rebase import rebase_frontier
 from scoreboard.history.verify import verify
 from scoreboard.lockfile import load_lock
@@ -89,6 +89,7 @@ def test_a_pinned_slot_on_another_box_is_inconclusive_and_a_rebase_gets_out_of_i
         lines = len(ledger.read_lines(rounds))
         changes = rebase_frontier(lock, second.path, "the frontier's commit speaks engine contract 1; a 1-core box",
                                   rounds, TARGET, lambda c: remeasure_problem(c, repo))
+        durable.save(rounds, lock, f"frontier rebase {TARGET}")  # as `scoreboard frontier rebase` keeps it
         assert {c.slot for c in changes if c.kind == "frontier"} == {t.slot(t.candidate_engine, m) for m in t.metrics}
         assert load_lock(lock).slots[slot].commit == b and len(ledger.read_lines(rounds)) == lines + 1
         assert verify(lock, rounds).ok, verify(lock, rounds).problems

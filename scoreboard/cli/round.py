@@ -173,8 +173,10 @@ def _after_round(r: Receipt, path: Path, lock: Path) -> list[str]:
 def show_cmd(
     round_id: str = typer.Argument(..., help="round id, or a path to a receipt file"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts directory"),
-    lock: Path = typer.Option(Path("reference.lock"), "--lock",
-                              help="baseline slots for the reference-drift warning (skipped when absent)"),
+    lock: Optional[Path] = typer.Option(None, "--lock",
+                                        help="the pinned signers and the baseline slots (reference-drift warning); "
+                                             "default: the reference.lock beside the receipt's directory, else "
+                                             "./reference.lock"),
     json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON (= --format json)"),
     fmt: Optional[str] = typer.Option(None, "--format", metavar="table|json|csv|md",
                                       help="output format (json: the receipt; csv, md: the speed per metric and arm)"),
@@ -193,7 +195,11 @@ def show_cmd(
         raise InputError(f"--plot {plot}: directory {plot.parent} not found", "create it or pick another path")
     path = receipt_path(round_id, rounds)
     # the seal and its signer before anything is rendered: exit 2 when edited, unsealed or untrusted
-    parsed = read_sealed(path, near(path.parent, lock if lock.is_file() else None)).receipt
+    # the lock the receipt is judged by: --lock, else the one beside its directory (where a repository keeps it),
+    # else the working directory's (a --lock that cannot be read makes the receipt untrusted, named as such)
+    trust = near(path.parent, lock)
+    lock = Path(trust.source) if trust.source else (lock or Path("reference.lock"))
+    parsed = read_sealed(path, trust).receipt
     if out_fmt == "json":
         print_json(parsed.model_dump(mode="json", by_alias=True))
     elif out_fmt in ("csv", "md"):
