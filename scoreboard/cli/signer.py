@@ -39,7 +39,7 @@ def pin(
     note: str = typer.Option("", "--note", help="where the private key is kept (never the key)"),
     lock: Path = _LOCK,
 ) -> None:
-    """Pin a public key as [signers.ID] in the lock: a reviewed change, like any other pin."""
+    """Pin a public key as the table signers.ID in the lock: a reviewed change, like any other pin."""
     from ..history.trust import pin_signer
 
     pin_signer(lock, signer_id, public_key, note)
