@@ -64,6 +64,13 @@ PRECISION = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 1}
 # already reads 0.969, while 20 seeds x 32 rows resolve a 1% rate.
 NOISE_TOP1_POOLED_MIN = 0.99
 
+
+def noise_flips_allowed(seeds: int, rows_per_depth: int) -> int:
+    """How many argmax flips of the noise floor one depth may show, pooled over `seeds` x `rows_per_depth` rows,
+    and still meet NOISE_TOP1_POOLED_MIN: 6 for 20 seeds of 32 rows, 1 for 6 seeds (where two near-ties fail)."""
+    rows = seeds * rows_per_depth
+    return int(rows * (1 - NOISE_TOP1_POOLED_MIN) + 1e-9)
+
 # ----------------------------------------------------------------------------------------------
 # what a calibration is about: the target's definition
 

@@ -49,6 +49,7 @@ def calibrate_cmd(
     positive(seeds, "--seeds", "seeds")
     positive(first_seed, "--first-seed", "(a seed)", zero_means="seeds 0..N-1")
 
+    _few_seeds_note(lock, target, seeds)
     opts = CalibrationOptions(target=target, lock_path=lock, candidate=candidate, seeds=seeds, first_seed=first_seed,
                               rounds_dir=out, cache_dir=_cache_dir(), seal=seal,
                               renew_reference_anchor=renew_reference_anchor, engine_repo=engine_repo)
@@ -68,6 +69,25 @@ def calibrate_cmd(
         if outcome.path:
             console.print(f"record: {outcome.path}")
     raise typer.Exit(0 if outcome.separated else 2)
+
+
+def _few_seeds_note(lock: Path, target: str, seeds: int) -> None:
+    """Fewer seeds than the default leave the pooled noise floor little room: say so before the box time is spent
+    (on 2026-12-02 six seeds at depth 131072 failed on two near-ties in 192 rows)."""
+    from ..calibrate import NOISE_TOP1_POOLED_MIN, noise_flips_allowed
+    from ..errors import ScoreboardError
+    from ..lockfile import load_lock
+
+    try:
+        rows = load_lock(lock).target(target).gate.rows_per_depth
+    except ScoreboardError:
+        return  # the calibration itself names what is wrong with the lock or the target
+    if seeds >= 20:
+        return
+    err_console.print(f"[yellow]note[/]: {seeds} seed(s) x {rows} rows = {seeds * rows} rows per depth: the noise "
+                      f"floor's pooled top-1 (>= {NOISE_TOP1_POOLED_MIN:g}) allows {noise_flips_allowed(seeds, rows)} "
+                      f"argmax flip(s) per depth, 20 seeds allow {noise_flips_allowed(20, rows)}; with fewer seeds a "
+                      "record may not separate on rounding near-ties alone (docs/calibration.md)", highlight=False)
 
 
 def render(rec: dict[str, Any]) -> None:
