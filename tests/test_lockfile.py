@@ -200,21 +200,6 @@ def test_ctx_axis(ctx, axis):
     assert ctx_axis(ctx) == axis
 
 
-def test_the_history_s_copy_of_the_slot_names_derives_the_same_names():
-    """scoreboard/history/slots.py still holds its own copy of the derivation (the lock's loader now imports the
-    top-level scoreboard/slots.py, which loads nothing of the history): every slot the lock defines, one name."""
-    from pathlib import Path
-
-    from scoreboard.history import slots as history_slots
-
-    lock = load_lock(Path(__file__).resolve().parent.parent / "reference.lock")
-    for tid, t in lock.targets.items():
-        for m in t.metrics:
-            for engine in (t.reference_engine, t.candidate_engine, "some-plugin_2"):
-                args = (t.model, t.node, t.quant, engine, m.phase, m.ctx)
-                assert history_slots.slot_name(*args) == slot_name(*args), (tid, args)
-
-
 def test_slot_name_carries_every_axis():
     name = slot_name("kimi-k3", "h200x8", "UD-IQ1_S", "llamacpp", "decode", 131072)
     assert name == "KIMI_K3_H200X8_IQ1S_LLAMACPP_DECODE_128K"

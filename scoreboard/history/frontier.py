@@ -10,7 +10,7 @@ Rules (docs/receipt-format.md, "Slots"):
   (baselines are re-measured every round on the same box; they are not a high-water mark);
 - `lower_frontier` is the explicit hatch: a reason, a sealed main receipt carrying exactly that value
   for that slot, and a ``frontier-lower`` ledger line.
-Slot names come only from `Target.slot` (scoreboard.history.slots.slot_name).
+Slot names come only from `Target.slot` (scoreboard.slots.slot_name).
 """
 
 from __future__ import annotations
