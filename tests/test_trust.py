@@ -43,15 +43,23 @@ def test_the_lock_refuses_a_malformed_pin_naming_the_field(extra, problem):
 
 
 def test_the_repository_pins_its_unsigned_records_as_sealed_before_the_pin():
-    """Every record in rounds/ is listed by id and seal, none is signed, and no key is pinned (none is the box's)."""
+    """Every unsigned record in rounds/ is listed by id and seal as sealed before the pin; every signed one is
+    signed by a key the lock pins; no record is both, and none is neither."""
     lock = load_lock(REPO / "reference.lock")
     trust = Trust.of(lock)
-    assert lock.signers == {}
+    listed = {r.id for r in lock.sealed_before_pin.rounds} | {r.id for r in lock.sealed_before_pin.calibrations}
+    signed = 0
     for p in sorted((REPO / "rounds").glob("*.json")) + sorted((REPO / "rounds" / "calibrations").glob("*.json")):
         data = json.loads(p.read_bytes())
-        assert data["seal"]["signature"] is None and data["seal"]["public_key"] is None
         kind = "calibration" if p.parent.name == "calibrations" else "round"
-        assert trust.standing(data, kind).state == "pre-pin", p
+        st = trust.standing(data, kind)
+        if data["seal"]["signature"] is None:
+            assert data["seal"]["public_key"] is None and st.state == "pre-pin" and p.stem in listed, p
+        else:
+            assert st.trusted and st.state != "pre-pin" and p.stem not in listed, (p, st)
+            assert trust.signer_of(data["seal"]["public_key"]) in lock.signers, p
+            signed += 1
+    assert signed >= 3  # the H200 lease of 2026-12-02 13:00Z: one calibration and two rounds, signed h200-lease
 
 
 def test_standing_of_signed_unpinned_unsigned_listed_and_edited(tmp_path, tmp_path_factory, monkeypatch):
