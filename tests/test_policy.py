@@ -179,4 +179,11 @@ def test_ci_runs_verify_against_the_base_on_every_pull_request():
     job = ci["jobs"]["history"]
     assert job["if"] == "github.event_name == 'pull_request'"
     assert job["steps"][0]["with"]["fetch-depth"] == 0
-    assert any('verify --base "origin/${GITHUB_BASE_REF}"' in s.get("run", "") for s in job["steps"])
+    step = next(s for s in job["steps"] if 'verify --base "origin/${GITHUB_BASE_REF}"' in s.get("run", ""))
+    # judged by the base branch's harness: installed from its own checkout, run as the console script from the
+    # pull request's tree (`python -m scoreboard` there would import the pull request's own package)
+    assert step["working-directory"] == "pr" and step["run"].startswith("scoreboard verify")
+    base = next(s for s in job["steps"] if s.get("with", {}).get("path") == "base")
+    assert base["with"]["ref"] == "${{ github.base_ref }}"
+    assert any(s.get("run", "").endswith("pip install -q -e ./base") for s in job["steps"])
+    assert all(s["with"].get("persist-credentials") is False for s in job["steps"] if "checkout" in s.get("uses", ""))
