@@ -404,3 +404,11 @@ def test_a_long_stage_shows_what_is_left():
     text = buf.getvalue()
     assert "speed blocks 1/8 block 0: candidate (~3 min 30 s left)" in text, text
     assert "speed blocks 2/8 block 1: reference (~3 min 00 s left)" in text, text
+
+
+def test_round_show_with_a_missing_lock_is_an_input_error(history, monkeypatch, capsys):
+    """A mistyped --lock names the option and the fix (exit 1), never "UNTRUSTED receipt" (exit 2)."""
+    lock, rounds, ids = history
+    code, out, err = cli(monkeypatch, capsys, "round", "show", ids[3], "--rounds", str(rounds),
+                         "--lock", str(lock) + ".typo")
+    assert code == 1 and "--lock" in err and "lock file not found" in err and "UNTRUSTED" not in err + out

@@ -196,7 +196,10 @@ def show_cmd(
     path = receipt_path(round_id, rounds)
     # the seal and its signer before anything is rendered: exit 2 when edited, unsealed or untrusted
     # the lock the receipt is judged by: --lock, else the one beside its directory (where a repository keeps it),
-    # else the working directory's (a --lock that cannot be read makes the receipt untrusted, named as such)
+    # else the working directory's; a --lock that is not there is the caller's typo, not an untrusted receipt
+    if lock is not None and not lock.is_file():
+        raise InputError(f"--lock {lock}: lock file not found",
+                         "pass the reference.lock whose signers judge the receipt, or leave --lock out")
     trust = near(path.parent, lock)
     lock = Path(trust.source) if trust.source else (lock or Path("reference.lock"))
     parsed = read_sealed(path, trust).receipt
