@@ -3,8 +3,10 @@
 # first call starts this under setsid and later calls poll it (bench/h200_poll.sh). Everything comes from the
 # carried kit (the box reaches neither PyPI nor GitHub; docs/reference-pin.md, docs/isolation.md): wheels,
 # bubblewrap's .deb, a git bundle of this repository, llama.cpp's pinned tree as a git repository.
-# Setup always runs: the kit installed, main cloned at BASE, the reference built at its pin (GPU_TARGET's
-# preflight) beside the generation of GEN_WEIGHTS. Then the PHASES, in the order given:
+# Setup always runs: the kit installed, main cloned at BASE, and (unless BUILD_FIRST=0) the reference built at its
+# pin (GPU_TARGET's preflight) beside the generation of GEN_WEIGHTS. With BUILD_FIRST=0 and "cal" first, the
+# calibration builds the reference beside its own GPU workers (scoreboard.calibration_run), which hides the ~5-minute
+# build of a bare box under the instrument's arms. Then the PHASES, in the order given:
 #   cal       GPU_TARGET calibrated with CAL_SEEDS seeds;
 #   round     a sealed main round of GPU_TARGET at main as it then stands (the first on a target is its BASELINE;
 #             the same commit again, an A/A round);
@@ -46,7 +48,7 @@ BASE=$3; shift 3; STEPS=("$@"); N=$#
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 DRY_CPU=${DRY_CPU:-0}; SB=${SB:-/root/sb}; GEN_WEIGHTS=${GEN_WEIGHTS:-k3-wide}
 GPU_TARGET=${GPU_TARGET:-k3-gpu-h200}; WIDE_TARGET=${WIDE_TARGET:-k3-wide-h200}
-BLOCKS=${BLOCKS:-4}; REPS=${REPS:-2}; CAL_SEEDS=${CAL_SEEDS:-20}; WIDE_SEEDS=${WIDE_SEEDS:-20}
+BLOCKS=${BLOCKS:-4}; REPS=${REPS:-2}; CAL_SEEDS=${CAL_SEEDS:-20}; WIDE_SEEDS=${WIDE_SEEDS:-20}; BUILD_FIRST=${BUILD_FIRST:-1}
 # the carried git form of the pinned sdist tree: the commit `scoreboard reference pack` printed (KIT/llama.commit)
 LLAMA_COMMIT=${LLAMA_COMMIT:-$(cat "$KIT/llama.commit" 2>/dev/null)}
 [ -n "$LLAMA_COMMIT" ] || { echo "no LLAMA_COMMIT and no $KIT/llama.commit (the commit \`scoreboard reference pack\` printed)" >&2; exit 1; }
@@ -155,11 +157,15 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
   python3 -m scoreboard engines | tail -3
   SBX=
   case " $PHASES " in *" sandbox "*) sandbox_check > "$WORK/sandbox.out" 2>&1 & SBX=$!;; esac
-  stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
-  python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
-  GEN=$!
-  python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
-  wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+  if [ "$BUILD_FIRST" = 1 ]; then
+    stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
+    python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
+    GEN=$!
+    python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
+    wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+  else
+    stamp "no build first (BUILD_FIRST=0): the first phase's preflight generates the weights, and a calibration builds the reference beside its workers"
+  fi
   [ -z "$SBX" ] || { wait $SBX; cat "$WORK/sandbox.out"; }
   for p in $PHASES; do "phase_$p"; done
   go

@@ -81,6 +81,8 @@ def definition(lock: Lock, target_id: str) -> dict[str, Any]:
     and the candidate engine are left out: the bars are the target's, and every candidate relies on them."""
     t = lock.target(target_id)
     dump = t.model_dump(mode="json", by_alias=True)
+    if not dump["gate"].get("fault_depths"):  # empty: faults at every depth, as every record before the field
+        dump["gate"].pop("fault_depths", None)
     w = lock.weights[t.weights]
     ref = lock.references[t.reference]
     return {

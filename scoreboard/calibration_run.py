@@ -12,9 +12,10 @@ import os
 import secrets
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -70,15 +71,33 @@ class CalibrationOutcome:
 
 
 @dataclass(frozen=True)
-class SeedRows:
-    """One seed's gate rows, as a round with that seed draws them, and the reference's logits for them."""
+class Rows:
+    """Gate rows of one prompt: the positions graded at each depth, every position sorted, the token ids sent."""
 
-    seed: int
-    prompt: Any  # the gate's Prompt
     per_depth: dict[int, list[int]]
     positions: list[int]
     ids: tuple[int, ...]
-    reference: np.ndarray  # float32 [len(positions), vocab]
+
+
+@dataclass(frozen=True)
+class SeedRows:
+    """One seed's gate rows, as a round with that seed draws them (and the fault suite's: the same rows at the
+    target's gate.fault_depths, on the prompt's prefix through the deepest), and the reference's logits."""
+
+    seed: int
+    prompt: Any  # the gate's Prompt
+    rows: Rows
+    fault_rows: Rows
+    reference: np.ndarray | None = None  # float32 [len(rows.positions), vocab], once the reference has run
+
+    def of(self, arm: str) -> Rows:
+        return self.fault_rows if arm.startswith("fault:") else self.rows
+
+    def reference_at(self, positions: list[int]) -> np.ndarray:
+        """The reference's rows at `positions` (a subset of rows.positions)."""
+        assert self.reference is not None
+        at = {p: i for i, p in enumerate(self.rows.positions)}
+        return self.reference[[at[p] for p in positions]]
 
 
 def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> CalibrationOutcome:
@@ -147,9 +166,9 @@ def _engine_suite(opts: CalibrationOptions, target: Target, scratch: Path, main_
 
 def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) -> CalibrationOutcome:
     from .round import candidate as cand_mod
-    from .round.arms import WorkerClient
-    from .round.run import Round, RoundOptions, Sources, preflight
-    from .round.stages import GateStage
+    from .round.arms import WorkerClient, worker_arm
+    from .round.run import Round, RoundOptions, Sources, preflight_checks, with_reference
+    from .round.stages import GateStage, Preflight
 
     seeds = _seeds(opts)
     lock = load_lock(opts.lock_path)
@@ -173,31 +192,51 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) 
     rnd = Round(round_opts, view, report, scratch, Sources(source))
     report("stage", name="preflight")
     t0 = time.perf_counter()
-    pre = preflight(rnd)
-    rnd.set_up_arms(pre)
+    checked = preflight_checks(rnd)  # everything but the reference: node, sandbox, weights, model, fit
     stage_seconds["preflight"] = round(time.perf_counter() - t0, 3)
-    cand = rnd.arm("candidate")
-    assert cand is not None
-    gate = GateStage(rnd.ctx, pre, cand, rnd.log)
-    base = pre.targets.candidate
-    noise = noise_pair(opts.target, view.target(opts.target), base.options)
+    # The reference's preparation runs beside the instrument's workers, which need nothing of it: on a bare box it
+    # is a build from the pinned source (CUDA llama.cpp: ~5 minutes of CPU on one H200's host), and the workers
+    # spend that time on the GPU. Its logits come after both; a failed build stops the workers at the next arm.
+    with ThreadPoolExecutor(1, thread_name_prefix="scoreboard-reference") as pool:
+        def prepare() -> Preflight:
+            t = time.perf_counter()
+            done = with_reference(rnd, checked)
+            stage_seconds["reference_prepare"] = round(time.perf_counter() - t, 3)
+            return done
+        ref_job = pool.submit(prepare)
+
+        def reference_failed() -> None:
+            if ref_job.done():
+                ref_job.result()  # raises the preparation's own error
+
+        cand = worker_arm("candidate", rnd.ctx, rnd.log, source, checked.targets.candidate)
+        # the gate draws prompts and rows without the reference; its reference arm is the one prepared above
+        gate = GateStage(rnd.ctx, Preflight(checked.shards, checked.config, checked.fit, checked.ceiling,
+                                            checked.targets, cast(Any, None)), cand, rnd.log)
+        base = checked.targets.candidate
+        noise = noise_pair(opts.target, view.target(opts.target), base.options)
+        rows = _seed_rows(gate, seeds, target.gate.graded_fault_depths())
+
+        report("stage", name="candidate workers")
+        t0 = time.perf_counter()
+        inst_arms = _instrument_arms(noise)
+        logits, identities = _measure(cand.worker(), base, inst_arms, rows, target, report, reference_failed)
+        if suite is not None and suite.arms:
+            engine_client = WorkerClient(rnd.ctx, rnd.log, suite.source, base, engine=suite.engine)
+            engine_base = replace(base, options=dict(target.candidate_options))
+            got, ids = _measure(engine_client, engine_base, suite.arms, rows, target, report, reference_failed)
+            logits |= got
+            identities |= {f"engine:{k}": v for k, v in ids.items()}
+        stage_seconds["candidate"] = round(time.perf_counter() - t0, 3)
+        if not ref_job.done():
+            report("step", message="waiting for the reference's preparation")
+        pre = ref_job.result()
+    rnd.set_up_arms(pre)
 
     report("stage", name="reference")
     t0 = time.perf_counter()
-    rows = _reference_rows(gate, pre, rnd, seeds, report)
+    rows = _reference_rows(pre, rnd, rows, report)
     stage_seconds["reference"] = round(time.perf_counter() - t0, 3)
-
-    report("stage", name="candidate workers")
-    t0 = time.perf_counter()
-    inst_arms = _instrument_arms(noise)
-    logits, identities = _measure(cand.worker(), base, inst_arms, rows, target, report)
-    if suite is not None and suite.arms:
-        engine_client = WorkerClient(rnd.ctx, rnd.log, suite.source, base, engine=suite.engine)
-        engine_base = replace(base, options=dict(target.candidate_options))
-        got, ids = _measure(engine_client, engine_base, suite.arms, rows, target, report)
-        logits |= got
-        identities |= {f"engine:{k}": v for k, v in ids.items()}
-    stage_seconds["candidate"] = round(time.perf_counter() - t0, 3)
 
     runs = [_grade(gate, r, i, logits, noise, suite) for i, r in enumerate(rows)]
     record = _record(opts, lock, target, created, seeds, source, rnd, base, noise, suite, identities, runs,
@@ -208,20 +247,28 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) 
     return CalibrationOutcome(record, _seal(opts, record, report, reserve), problems)
 
 
-def _reference_rows(gate: Any, pre: Any, rnd: Any, seeds: list[int], report: Report) -> list[SeedRows]:
+def _seed_rows(gate: Any, seeds: list[int], fault_depths: tuple[int, ...]) -> list[SeedRows]:
+    """Each seed's prompt as a round with that seed draws it, its gate rows, and the fault suite's rows."""
+    out = []
+    for seed in seeds:
+        prompt = gate.draw(seed)
+        out.append(SeedRows(seed, prompt, Rows(*gate.rows(prompt)), Rows(*gate.rows(prompt, fault_depths))))
+    return out
+
+
+def _reference_rows(pre: Any, rnd: Any, rows: list[SeedRows], report: Report) -> list[SeedRows]:
+    """The reference's logits at every seed's gate rows (the fault rows are a subset of them)."""
     from .engine import LogitsRequest
 
-    rows = []
-    for i, seed in enumerate(seeds):
-        report("progress", task="reference logits", done=i, total=len(seeds), message=f"seed {seed}")
-        prompt = gate.draw(seed)
-        per_depth, positions, ids = gate.rows(prompt)
-        ref = pre.reference.logits(LogitsRequest(ids, tuple(positions), pre.targets.geometry))
+    out = []
+    for i, r in enumerate(rows):
+        report("progress", task="reference logits", done=i, total=len(rows), message=f"seed {r.seed}")
+        ref = pre.reference.logits(LogitsRequest(r.rows.ids, tuple(r.rows.positions), pre.targets.geometry))
         if ref.command:
             rnd.log.command(ref.command)
-        rows.append(SeedRows(seed, prompt, per_depth, positions, ids, ref.logits))
-    report("progress", task="reference logits", done=len(seeds), total=len(seeds), message="done")
-    return rows
+        out.append(replace(r, reference=ref.logits))
+    report("progress", task="reference logits", done=len(rows), total=len(rows), message="done")
+    return out
 
 
 def _instrument_arms(noise: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
@@ -233,8 +280,9 @@ def _instrument_arms(noise: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _measure(client: Any, base: Any, arms: list[tuple[str, dict[str, Any]]], rows: list[SeedRows], target: Target,
-             report: Report) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
-    """Every arm's logits for every seed (SEEDS_PER_WORKER seeds per fresh worker) and its identity."""
+             report: Report, stop: Callable[[], None] = _noop) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+    """Every arm's logits for every seed (SEEDS_PER_WORKER seeds per fresh worker) at its rows (a fault's: the
+    fault rows), and its identity; `stop` raises before a launch when the calibration cannot go on."""
     from .worker.protocol import LogitsOp, LogitsRows
 
     batches = [list(range(i, min(i + SEEDS_PER_WORKER, len(rows)))) for i in range(0, len(rows), SEEDS_PER_WORKER)]
@@ -245,9 +293,11 @@ def _measure(client: Any, base: Any, arms: list[tuple[str, dict[str, Any]]], row
         variant = replace(base, options={**{k: v for k, v in base.options.items() if k != "faults"}, **extra})
         out: list[np.ndarray] = []
         for b in batches:
+            stop()
             report("progress", task="candidate workers", done=done, total=total,
                    message=f"{client.engine_name} {name}: seeds {', '.join(str(rows[i].seed) for i in b)}")
-            res = client.call(LogitsOp(requests=tuple(LogitsRows.of(rows[i].ids, rows[i].positions) for i in b)),
+            res = client.call(LogitsOp(requests=tuple(LogitsRows.of(rows[i].of(name).ids, rows[i].of(name).positions)
+                                                      for i in b)),
                               target=variant, timeout_s=target.speed.timeout_s * len(b)).result
             identities.setdefault(name, res.identity)
             out += [np.load(f.path) for f in res.logits or []]
@@ -266,14 +316,16 @@ def _grade(gate: Any, r: SeedRows, i: int, logits: dict[str, list[np.ndarray]], 
            suite: inst.EngineSuite | None) -> dict[str, Any]:
     """One seed's numbers per arm: the correct instrument and every fault against the reference; each noise floor
     with its precise side graded as the "reference"."""
-    def grade(p: np.ndarray, q: np.ndarray) -> list[dict[str, Any]]:
-        return _depth_numbers(gate.grade(r.per_depth, r.positions, p, q))
+    def grade(p: np.ndarray, q: np.ndarray, at: Rows = r.rows) -> list[dict[str, Any]]:
+        return _depth_numbers(gate.grade(at.per_depth, at.positions, p, q))
 
+    assert r.reference is not None
     own = "correct"
     precise = own if noise["precise"] == noise["candidate_dtype"] else f"dtype:{noise['precise']}"
     coarse = own if noise["coarse"] == noise["candidate_dtype"] else f"dtype:{noise['coarse']}"
-    faults = {name.removeprefix("fault:"): grade(r.reference, arm[i]) for name, arm in logits.items()
-              if name.startswith("fault:")}
+    f = r.fault_rows
+    faults = {name.removeprefix("fault:"): grade(r.reference_at(f.positions), arm[i], f)
+              for name, arm in logits.items() if name.startswith("fault:")}
     run: dict[str, Any] = {"seed": r.seed, "prompt": r.prompt.describe(), "correct": grade(r.reference, logits[own][i]),
                            "noise_floor": grade(logits[precise][i], logits[coarse][i]), "faults": faults}
     if suite is not None and suite.suite is not None and suite.suite.precisions is not None:
@@ -295,7 +347,8 @@ def _record(opts: CalibrationOptions, lock: Any, target: Target, created: str, s
         "definition": defn, "definition_sha256": definition_sha256(defn),
         "policy": {"margin": target.gate.calibration_margin, "kl_max": target.gate.kl_max,
                    "kl_p99_max": target.gate.kl_p99_max, "top1_min": target.gate.top1_min,
-                   "depths": list(target.gate.depths), "rows_per_depth": target.gate.rows_per_depth},
+                   "depths": list(target.gate.depths), "rows_per_depth": target.gate.rows_per_depth,
+                   "fault_depths": list(target.gate.graded_fault_depths())},
         "seeds": seeds,
         # what measured: the bundled instrument at a commit of this harness's repository (never a candidate's)
         "instrument": {"engine": inst.INSTRUMENT, "label": source.label, "commit": source.commit,

@@ -204,12 +204,28 @@ class GatePolicy(_Model):
     # the noise floor's second precision ("" = derived: float64 on cpu; on cuda float16, or float32 when
     # the candidate itself computes in a 16-bit dtype)
     noise_dtype: Literal["", "float64", "float32", "float16", "bfloat16"] = ""
+    # the gate depths at which a calibration grades the fault suite (empty: every gate depth). A round's gate
+    # rejects a candidate on any one depth, so a fault shown over the bar at a shallower depth is rejected whatever
+    # it does deeper: grading faults on the prompt's prefix can only understate them. The correct arm and the noise
+    # floors are graded at every depth, always. It spares a calibration each fault's prefill of the deepest prompt
+    # (on one H200 at depth 131072, most of a 20-seed calibration's time: docs/calibration.md)
+    fault_depths: Tuple[int] = ()
 
     @model_validator(mode="after")
     def _bars(self) -> "GatePolicy":
         if self.kl_prefer > self.kl_max:
             raise ValueError(f"kl_prefer ({self.kl_prefer}) must not exceed kl_max ({self.kl_max})")
+        stray = [d for d in self.fault_depths if d not in self.depths]
+        if stray:
+            raise ValueError(f"fault_depths {list(stray)} are not gate depths {list(self.depths)}: faults are graded "
+                             "at a subset of the depths a round grades")
+        if len(set(self.fault_depths)) != len(self.fault_depths):
+            raise ValueError(f"fault_depths {list(self.fault_depths)} lists a depth twice")
         return self
+
+    def graded_fault_depths(self) -> tuple[int, ...]:
+        """The depths at which a calibration grades each fault, shallowest first."""
+        return tuple(sorted(self.fault_depths or self.depths))
 
 
 class TierPolicy(_Model):

@@ -209,13 +209,42 @@ def test_round_options_skip_is_recorded_in_the_receipt(lock, tmp_path):
 # the real command
 
 @pytest.mark.slow
-def test_calibrate_k3_mini_cpu_with_two_seeds_seals_a_record_a_round_relies_on(lock, tmp_path):
+def test_calibrate_k3_mini_cpu_with_two_seeds_seals_a_record_a_round_relies_on(lock, tmp_path, monkeypatch):
+    """The real command: faults graded at gate.fault_depths on the prompt's prefix (correct and noise at every
+    depth), the reference prepared beside the instrument's workers, the record sealed and relied on."""
+    import threading
+
+    import scoreboard.round.run as run_mod
+
+    doc = tomlkit.parse(lock.read_text())
+    doc["targets"][TARGET]["gate"]["fault_depths"] = [64, 512]
+    lock.write_text(tomlkit.dumps(doc))
     rounds = tmp_path / "rounds"
     events: list[tuple[str, dict]] = []
+    workers_started = threading.Event()
+    seen: list[bool] = []
+    real = run_mod.with_reference
+
+    def report(e, **kw):
+        events.append((e, kw))
+        if e == "progress" and kw.get("task") == "candidate workers":
+            workers_started.set()
+
+    def beside_the_workers(rnd, checked):  # the preparation waits for the first worker: serial would time out
+        seen.append(workers_started.wait(timeout=300))
+        return real(rnd, checked)
+
+    monkeypatch.setattr(run_mod, "with_reference", beside_the_workers)
     out = run_calibration(CalibrationOptions(target=TARGET, lock_path=lock, seeds=2, first_seed=40, rounds_dir=rounds,
-                                             cache_dir=default_cache()), lambda e, **kw: events.append((e, kw)))
+                                             cache_dir=default_cache()), report)
     rec = out.record
     assert out.separated, rec["separation"]["problems"]
+    assert seen == [True] and "reference_prepare" in rec["stage_seconds"]
+    assert rec["policy"]["fault_depths"] == [64, 512]
+    for run in rec["runs"]:
+        assert [d["depth"] for d in run["correct"]] == [64, 512, 1024]
+        assert [d["depth"] for d in run["noise_floor"]] == [64, 512, 1024]
+        assert all([d["depth"] for d in res] == [64, 512] for res in run["faults"].values()), run["faults"]
     assert rec["seeds"] == [40, 41] and [r["seed"] for r in rec["runs"]] == [40, 41]
     assert rec["definition_sha256"] == definition_sha256(definition(load_lock(lock), TARGET))
     assert rec["noise_floor"]["precise"] == "float64" and rec["noise_floor"]["coarse"] == "float32"
@@ -235,6 +264,44 @@ def test_calibrate_k3_mini_cpu_with_two_seeds_seals_a_record_a_round_relies_on(l
     assert r["calibration"]["calibration_id"] == rec["calibration_id"]
     assert r["calibration"]["record_sha256"] == line.record_sha256
     assert r["gate"]["pass"]
+
+
+def test_a_failed_reference_preparation_stops_the_instruments_workers_and_writes_nothing(lock, tmp_path,
+                                                                                        monkeypatch):
+    """The reference is prepared beside the workers: its failure (a build error, a build that is not the anchored
+    one) stops the calibration at the next arm, with the preparation's own error, and nothing is written."""
+    import scoreboard.round.run as run_mod
+
+    def broken(rnd, checked):
+        raise InputError("reference build files differ from the anchored build", "--renew-reference-anchor")
+
+    monkeypatch.setattr(run_mod, "with_reference", broken)
+    events: list[tuple[str, dict]] = []
+    rounds = tmp_path / "rounds"
+    with pytest.raises(InputError, match="differ from the anchored build"):
+        run_calibration(CalibrationOptions(target=TARGET, lock_path=lock, seeds=1, first_seed=7, rounds_dir=rounds,
+                                           cache_dir=default_cache()), lambda e, **kw: events.append((e, kw)))
+    launched = [kw for e, kw in events if e == "progress" and kw["task"] == "candidate workers"]
+    assert len(launched) <= 1  # at most the arm already launched when the preparation failed, of 7
+    assert not list(rounds.glob("**/*.json")) and not chain_path(rounds).exists()
+
+
+def test_fault_depths_must_be_gate_depths(tmp_path):
+    doc = tomlkit.parse((REPO / "reference.lock").read_text())
+    doc["targets"][TARGET]["gate"]["fault_depths"] = [64, 4096]
+    p = tmp_path / "reference.lock"
+    p.write_text(tomlkit.dumps(doc))
+    with pytest.raises(InputError) as info:
+        load_lock(p)
+    assert f"targets.{TARGET}.gate" in info.value.message and "[4096]" in info.value.message
+
+
+def test_gate_show_says_where_the_faults_were_graded():
+    from scoreboard.cli.gate import _fault_depths_note
+
+    assert _fault_depths_note({"depths": [64, 512, 1024], "fault_depths": [64, 512, 1024]}) == ""
+    assert _fault_depths_note({"depths": [64, 512, 1024]}) == ""  # records before the field: every depth
+    assert "depths 64, 512" in _fault_depths_note({"depths": [64, 512, 1024], "fault_depths": [64, 512]})
 
 
 def test_cli_refuses_bad_seeds_before_anything_runs(lock, tmp_path):
@@ -263,7 +330,7 @@ def test_calibrate_cli_passes_the_anchor_renewal_to_the_round_it_builds(monkeypa
         seen.append(rnd.opts)
         raise Stop
 
-    monkeypatch.setattr(run_mod, "preflight", fake_preflight)
+    monkeypatch.setattr(run_mod, "preflight_checks", fake_preflight)  # the calibration's first preflight step
     for flag, want in ((["--renew-reference-anchor"], True), ([], False)):
         res = CliRunner().invoke(app, ["gate", "calibrate", "k3-mini-cpu", "--seeds", "1", "--no-seal", *flag])
         assert isinstance(res.exception, Stop), res.output

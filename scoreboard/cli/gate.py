@@ -104,7 +104,7 @@ def render(rec: dict[str, Any]) -> None:
         console.print(_engine_line(engine), highlight=False)
     console.print(f"bars: KL mean <= {pol['kl_max']:g}, p99 <= {pol['kl_p99_max']:g}, top-1 >= {pol['top1_min']:g}; "
                   f"margin {m:g}: noise floor <= {pol['kl_max'] / m:.3g} and correct within the bars on every seed, "
-                  f"each fault >= {pol['kl_max'] * m:.3g} on every seed", highlight=False)
+                  f"each fault >= {pol['kl_max'] * m:.3g} on every seed{_fault_depths_note(pol)}", highlight=False)
     t = Table(title="KL(p||q), nats, per gate depth over seeds (worst seed: the highest KL for correct and noise, "
                     "the lowest for a fault)")
     t.add_column("arm", overflow="fold")
@@ -132,6 +132,14 @@ def render(rec: dict[str, Any]) -> None:
         console.print(f"[bold red]not separated[/] with margin {m:g}; `round run --target {rec['target']}` will refuse:")
         for p in sep["problems"]:
             console.print(f"  - {p}", highlight=False)
+
+
+def _fault_depths_note(pol: dict) -> str:
+    """Where the faults were graded, when that is not every gate depth (gate.fault_depths)."""
+    fd = pol.get("fault_depths") or pol.get("depths") or []
+    if sorted(fd) == sorted(pol.get("depths") or []):
+        return ""
+    return f" (graded at depths {', '.join(str(d) for d in fd)} on the prompt's prefix: gate.fault_depths)"
 
 
 def _engine_line(engine: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from . import armcode
 from . import candidate as cand_mod
 from . import ready, sandbox
 from .arms import Arm, worker_arm
-from .context import RoundContext, RoundLog
+from .context import RoundContext, RoundLog, Targets
 from .launch import prober
 from .stages import (GateStage, Preflight, SpeedStage, check_node, check_reference_anchor, decode_ceiling_of,
                      fingerprint, isolation_record, model_and_fit, prepare_reference, weights)
@@ -454,6 +454,22 @@ def _prober(rnd: Round) -> ready.ProbeLaunch:
 def preflight(rnd: Round) -> Preflight:
     """Refuse rather than run something else: node class, weights, model config, fit, reference build.
     Each section is recorded as soon as it is known, so a refusal later in preflight still shows it."""
+    return with_reference(rnd, preflight_checks(rnd))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Preflight short of the reference: the node, the sandbox, the weights re-hashed, the model and its fit."""
+
+    shards: tuple[Path, ...]
+    config: Any
+    fit: Any
+    ceiling: dict[str, Any] | None
+    targets: Targets
+
+
+def preflight_checks(rnd: Round) -> Checked:
+    """Every preflight section but the reference's preparation (which, on a bare box, is a build of minutes)."""
     ctx = rnd.ctx
     rnd.fingerprint = fingerprint(ctx)
     rnd.isolation = isolation_record(ctx.isolation, rnd.sources.named())  # refuses a missing/broken sandbox
@@ -461,10 +477,14 @@ def preflight(rnd: Round) -> Preflight:
     shards, rnd.weights = weights(ctx)
     config, fit, rnd.fit = model_and_fit(ctx, shards)
     ceiling = decode_ceiling_of(ctx, shards, config)
-    targets = ctx.targets(shards)
-    reference, rnd.reference = prepare_reference(ctx, rnd.log, targets)
-    check_reference_anchor(ctx, rnd.reference.identity)
-    return Preflight(shards, config, fit, ceiling, targets, reference)
+    return Checked(shards, config, fit, ceiling, ctx.targets(shards))
+
+
+def with_reference(rnd: Round, checked: Checked) -> Preflight:
+    """The reference prepared at its pin (built or re-verified) and its files checked against the anchor."""
+    reference, rnd.reference = prepare_reference(rnd.ctx, rnd.log, checked.targets)
+    check_reference_anchor(rnd.ctx, rnd.reference.identity)
+    return Preflight(checked.shards, checked.config, checked.fit, checked.ceiling, checked.targets, reference)
 
 
 def _gate(rnd: Round, gate: GateStage) -> None:

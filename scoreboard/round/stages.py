@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from pydantic import ValidationError
@@ -204,13 +204,16 @@ class GateStage:
         """The gate's prompt for a seed: the round draws one; a calibration draws one per seed."""
         return draw_prompt(self.tokenizer, self.need, seed)
 
-    def rows(self, prompt: Prompt) -> tuple[dict[int, list[int]], list[int], tuple[int, ...]]:
-        """(gate positions per depth, every position sorted, the token ids both engines get) for a prompt."""
+    def rows(self, prompt: Prompt,
+             depths: Sequence[int] = ()) -> tuple[dict[int, list[int]], list[int], tuple[int, ...]]:
+        """(gate positions per depth, every position sorted, the token ids both engines get) for a prompt: at every
+        gate depth, or at `depths` (a calibration's fault rows) on the prompt's prefix through the deepest of them."""
         pol = self.ctx.target.gate
-        per_depth = {d: gate_positions(d, pol.rows_per_depth) for d in pol.depths}
+        depths = tuple(depths) or pol.depths
+        per_depth = {d: gate_positions(d, pol.rows_per_depth) for d in depths}
         positions = sorted({p for ps in per_depth.values() for p in ps})
         geom = self.geometry
-        ids = padded(prompt.token_ids[: max(pol.depths)], geom.n_ubatch, geom.n_ctx, prompt.token_ids)
+        ids = padded(prompt.token_ids[: max(depths)], geom.n_ubatch, geom.n_ctx, prompt.token_ids)
         return per_depth, positions, ids
 
     def grade(self, per_depth: dict[int, list[int]], positions: list[int], ref: np.ndarray, cand: np.ndarray,
