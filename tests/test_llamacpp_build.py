@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from scoreboard.errors import EngineError, InputError
 from scoreboard.lockfile import GitReference, SdistReference
 
 PR = "refs/pull/48/head"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _git_source(tmp_path: Path, files: dict[str, str]) -> GitReference:
@@ -83,6 +85,119 @@ def test_build_key_follows_every_input():
     other_cpu = dataclasses.replace(plan, cpu={**plan.cpu, "flags_sha256": "0" * 64})
     keys = {p.key() for p in (plan, other_flags, other_src, other_cc, other_cpu)}
     assert len(keys) == 5
+
+
+# ----------------------------------------------------------------------------------------------
+# location independence: the root's prefix map is a configure flag, never part of the key
+
+def test_the_key_is_the_same_at_two_roots_and_the_configure_flags_map_each_root(tmp_path):
+    _, ref = pinned_sdist_reference()
+    plan = build.plan_build(ref, "cpu", "x")
+    roots = [build.build_root(tmp_path / name, plan) for name in ("a", "b")]
+    assert roots[0].name == roots[1].name == plan.key()  # one key: nothing of the root is in it
+    assert "prefix-map" not in json.dumps(plan.key_inputs()) and str(tmp_path) not in json.dumps(plan.key_inputs())
+    for root in roots:
+        flags = build.configure_flags(plan, root)
+        want = f"-ffile-prefix-map={root}={build.LOCATION_PREFIX}"
+        assert flags == [*plan.cmake_flags, f"-DCMAKE_C_FLAGS={want}", f"-DCMAKE_CXX_FLAGS={want}"]
+        cmd = build.dumper_command(plan, root, root / "build" / "bin" / "out")
+        assert want in cmd and f"-ffile-prefix-map={build.DUMPER_SOURCE.parent}={build.DUMPER_PREFIX}" in cmd
+        assert cmd[-1] == "-Wl,-rpath,$ORIGIN" and not [c for c in cmd if "rpath" in c and str(root) in c]
+    assert build.configure_flags(plan, roots[0]) != build.configure_flags(plan, roots[1])
+
+
+def test_a_pinned_compiler_flag_string_gets_the_map_appended(tmp_path):
+    _, ref = pinned_sdist_reference()
+    pinned = ref.model_copy(update={"cmake_flags": ("-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS:STRING=-O1 -g",
+                                                    "-DCMAKE_CXX_FLAGS=")})
+    plan = build.plan_build(pinned, "cpu", "x")
+    root = build.build_root(tmp_path, plan)
+    want = f"-ffile-prefix-map={root}={build.LOCATION_PREFIX}"
+    flags = build.configure_flags(plan, root)
+    assert flags[:3] == ["-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS:STRING=-O1 -g {want}",
+                         f"-DCMAKE_CXX_FLAGS={want}"]
+    assert [f for f in flags if "CMAKE_C_FLAGS" in f or "CMAKE_CXX_FLAGS" in f] == flags[1:3]  # merged, not added
+
+
+def test_a_symlinked_root_maps_both_spellings(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    maps = build.prefix_maps(tmp_path / "link" / "k", "/x")
+    assert maps == [f"-ffile-prefix-map={tmp_path / 'link' / 'k'}=/x",
+                    f"-ffile-prefix-map={tmp_path / 'real' / 'k'}=/x"]
+
+
+@pytest.mark.parametrize("name", ["with space", "a=b", "quo'te", "dollar$x"])
+def test_a_root_the_map_cannot_carry_is_refused_before_anything_is_wiped(tmp_path, name):
+    _, ref = pinned_sdist_reference()
+    plan = build.plan_build(ref, "cpu", "x")
+    root = build.build_root(tmp_path / name, plan)
+    (root / "build" / "bin").mkdir(parents=True)
+    (root / "build" / "bin" / "keep").write_text("x")
+    with pytest.raises(EngineError, match="cannot carry to the compiler") as exc:
+        build.full_build(plan, root, tmp_path / name)
+    assert "SCOREBOARD_CACHE" in exc.value.hint
+    assert (root / "build" / "bin" / "keep").read_text() == "x"
+    # the dumper runs without a shell: only '=' stops its map
+    if name != "a=b":
+        assert build.prefix_maps(root, "/x", through_cmake=False) == [f"-ffile-prefix-map={root}=/x"]
+
+
+LOCATED = {
+    "CMakeLists.txt": "cmake_minimum_required(VERSION 3.14)\nproject(located C CXX)\n"
+                      "include(CheckCCompilerFlag)\ncheck_c_compiler_flag(-Wall HAVE_WALL)\n"  # a try_compile
+                      'configure_file(gen.h.in "${CMAKE_BINARY_DIR}/gen.h")\n'
+                      "add_library(located SHARED a.c b.cpp)\n"
+                      'target_include_directories(located PRIVATE "${CMAKE_BINARY_DIR}")\n',
+    "gen.h.in": "static const char *gen_file(void) { return __FILE__; }\n",
+    "a.c": '#include "gen.h"\nconst char *a_file(void) { return __FILE__; }\n'
+           "const char *a_gen(void) { return gen_file(); }\n",
+    "b.cpp": 'extern "C" const char *b_file() { return __builtin_FILE(); }\n',
+}
+
+
+def _build_located(plan: build.BuildPlan, root: Path) -> bytes:
+    for name, text in LOCATED.items():
+        (root / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "src" / name).write_text(text)
+    tc = plan.toolchain
+    cmds = [[tc.cmake, "-S", str(root / "src"), "-B", str(root / "build"), "-G", tc.generator,
+             *build.configure_flags(plan, root)], [tc.cmake, "--build", str(root / "build")]]
+    for cmd in cmds:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return (root / "build" / "liblocated.so").read_bytes()
+
+
+def test_a_cmake_library_built_at_two_roots_with_the_configure_flags_is_byte_identical(tmp_path, monkeypatch):
+    """The engine's configure flags through a real CMake (compiler checks, a try_compile, a generated header in
+    build/): the same bytes at two roots, no root in them. Seconds, where the llama.cpp build takes minutes
+    (bench/build_reproducible.py is that check)."""
+    _, ref = pinned_sdist_reference()
+    plan = build.plan_build(ref, "cpu", "x")
+    roots = [build.build_root(tmp_path / name, plan) for name in ("cache-a", "other-cache-b")]
+    libs = [_build_located(plan, root) for root in roots]
+    assert libs[0] == libs[1]
+    assert b"/llama.cpp/src/a.c" in libs[0] and b"/llama.cpp/build/gen.h" in libs[0]
+    assert b"/llama.cpp/src/b.cpp" in libs[0] and str(tmp_path).encode() not in libs[0]
+    # without the map the root is in the bytes (what format-1 builds did)
+    monkeypatch.setattr(build, "location_flags", lambda plan, root: {})
+    unmapped = build.build_root(tmp_path / "unmapped", plan)
+    assert f"{unmapped}/src/a.c".encode() in _build_located(plan, unmapped)
+
+
+def test_the_two_root_bench_refuses_one_root_and_an_unknown_reference(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_reproducible", REPO / "bench" / "build_reproducible.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([str(tmp_path / "a"), str(tmp_path / "a")]) == 2
+    assert "the two roots are the same directory" in capsys.readouterr().err
+    assert bench.main([str(tmp_path / "a"), str(tmp_path / "b"), "--reference", "nope"]) == 2
+    assert "no git or pypi-sdist reference 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before building anything
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,7 +343,8 @@ def test_tampered_dumper_in_a_copy_is_detected_and_rebuilt_clean(prepared, tmp_p
     rebuilt = build.ensure_build(plan, tmp_path, builder=lambda *a, **k: pytest.fail("full rebuild not expected"))
     assert rebuilt.rebuilt == "dumper" and rebuilt.root == root
     assert build.sha256_file(dumper) == rebuilt.binaries[build.DUMPER] != tampered
-    assert rebuilt.binaries == {**p.handle.build.binaries, build.DUMPER: rebuilt.binaries[build.DUMPER]}
+    # rebuilt at another cache root, the dumper is the original's bytes (location-independent: KEY_FORMAT 2)
+    assert rebuilt.binaries == p.handle.build.binaries
     assert build.verify_binaries(rebuilt.bin_dir, rebuilt.manifest) == []
 
 

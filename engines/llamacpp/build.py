@@ -45,7 +45,14 @@ from . import source
 Progress = Callable[[str, "float | None"], None]
 
 MANIFEST_FORMAT = 1
-KEY_FORMAT = 1  # bump to invalidate every cached build
+# Bump to invalidate every cached build. 2: the compilers and the dumper build map the build root to
+# LOCATION_PREFIX (configure_flags, build_dumper). Format-1 builds embedded the absolute path of their cache
+# directory, so two builds of one key at two cache roots were different builds: __FILE__ strings in every library
+# and tool (GGML_ASSERT/GGML_ABORT messages, e.g. "<cache>/llamacpp/build/<key>/src/ggml/src/ggml.c"; 9 under
+# libggml-base, 155 under libllama) and the dumper's RUNPATH. A round on a new cache root aborted at preflight
+# because every file differed from the anchor. The bump keeps such an entry from being reused (or anchored
+# against) as though it had been built with the maps. (A CUDA build keeps one root-dependent part: location_flags.)
+KEY_FORMAT = 2
 DEFAULT_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
                        "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF")
 TARGETS = ("llama", "llama-bench", "llama-quantize", "llama-gguf-split", "llama-imatrix")
@@ -61,6 +68,11 @@ DUMPER_FLAGS = ("-O2", "-std=c++17", "-Wall")
 # different objects without it and byte-identical objects with it (bench/nvcc-reproducibility.md).
 # CMAKE_CUDA_FLAGS reaches every .cu compile of every target (and, set here, replaces $CUDAFLAGS from the caller).
 CUDA_FLAGS = ("--objdir-as-tempdir",)
+# Where the build root appears in the built files, in place of its real path (<cache>/llamacpp/build/<key>):
+# src/ and build/ become /llama.cpp/src and /llama.cpp/build in every __FILE__ and (were there any) debug path.
+LOCATION_PREFIX = "/llama.cpp"
+# The same for the directory of the dumper's source (it is wherever the harness is installed).
+DUMPER_PREFIX = "/scoreboard/cpp"
 _ENGINE_SET = ("LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "BUILD_SHARED_LIBS", "CMAKE_BUILD_RPATH_USE_ORIGIN", "CMAKE_C_COMPILER",
                "CMAKE_CXX_COMPILER", "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "CMAKE_CUDA_FLAGS", "GGML_CUDA")
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -242,6 +254,98 @@ def plan_build(reference: GitReference | SdistReference, device: str = "cpu", re
 
 
 # ----------------------------------------------------------------------------------------------
+# location independence: flags that depend on where the build lies (added at configure time, never keyed)
+
+# Characters a path may have to be mapped: the flag travels inside CMake's flag strings (CMAKE_C_FLAGS and the
+# like), which CMake re-splits at whitespace and which reach a shell unquoted, so only characters that need no
+# quoting pass; '=' is out because the compilers split OLD=NEW at the first '='.
+_MAPPABLE = re.compile(r"[A-Za-z0-9_@%+:,./-]+")
+
+
+def prefix_maps(path: Path, to: str, through_cmake: bool = True) -> list[str]:
+    """``-ffile-prefix-map=OLD=to`` for `path` made absolute and, where a symlink is on the way, its real path too.
+
+    The map rewrites every path the compiler writes into an object (``__FILE__`` and ``__builtin_FILE``, and
+    debug info where there is any) that starts with OLD. Refuses a path it cannot pass through intact: through
+    CMake's flag strings (`through_cmake`), or as one argument of a command run without a shell (only '=')."""
+    out = []
+    for old in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+        unmappable = not _MAPPABLE.fullmatch(old) if through_cmake else "=" in old
+        if unmappable:
+            raise EngineError(f"llama.cpp build step 'configure': the path {old!r} has a character (whitespace, "
+                              "'=', a quote, ...) that -ffile-prefix-map cannot carry to the compiler, and without "
+                              "the map the built files would depend on where the build lies",
+                              "set SCOREBOARD_CACHE (or the target's cache_dir) to a path of letters, digits and "
+                              "_@%+:,./- only")
+        out.append(f"-ffile-prefix-map={old}={to}")
+    return out
+
+
+def nvcc_host_flag(flag: str) -> str:
+    """`flag` for nvcc's host compiler (g++ compiles the host side of every .cu, and preprocesses it first: that is
+    where ``__FILE__`` is expanded). ``-Xcompiler=<list>`` is nvcc's own syntax (CMake's CUDA PIC option is
+    ``-Xcompiler=-fPIC``); nvcc splits the list at commas, so a flag holding one cannot be passed."""
+    if "," in flag:
+        raise EngineError(f"llama.cpp build step 'configure': {flag!r} holds a comma, and nvcc splits -Xcompiler "
+                          "lists at commas", "set SCOREBOARD_CACHE (or the target's cache_dir) to a path without ','")
+    return f"-Xcompiler={flag}"
+
+
+def _cache_entry(flag: str) -> tuple[str, str, str]:
+    """(name, ":TYPE" or "", value) of a -DNAME[:TYPE]=VALUE flag; ("", "", "") for any other flag."""
+    if not flag.startswith("-D") or "=" not in flag:
+        return "", "", ""
+    head, value = flag[2:].split("=", 1)
+    name, colon, typ = head.partition(":")
+    return name, colon + typ, value
+
+
+def location_flags(plan: BuildPlan, root: Path) -> dict[str, str]:
+    """The flag-string entries that make a build at `root` location-independent: CMake cache name -> the words to
+    add. The build root (``<cache>/llamacpp/build/<key>``, holding src/ and build/) is mapped to LOCATION_PREFIX.
+
+    Measured before the map: two builds of one key at /root/.cache/scoreboard and /tmp/trialcache differed in
+    every file under build/bin, by the build root spelled out in ``__FILE__`` strings (the GGML_ASSERT and
+    GGML_ABORT messages of ggml, llama, common and the tools) and the dumper's RUNPATH (dumper_command)."""
+    maps = prefix_maps(root, LOCATION_PREFIX)
+    host = " ".join(maps)
+    out = {"CMAKE_C_FLAGS": host, "CMAKE_CXX_FLAGS": host}
+    if plan.device == "cuda":
+        # nvcc has no prefix map of its own; it hands -Xcompiler flags to every host-compiler run: the g++ -E
+        # of the host side, the g++ -E of the device side (cicc compiles its output, so __FILE__ in device code,
+        # e.g. ggml-cuda's NO_DEVICE_CODE, is expanded there) and the compile of the .cudafe1.cpp. Measured with
+        # nvcc 13.0.88 and g++ 12.2: --dryrun shows the flag on all three, and a .cu with __FILE__ in host and
+        # device code compiled at two roots gave objects that differ in 471 bytes without the map, identical with
+        # it. NOT covered: cudafe++ derives the translation unit's module id (_<hash>_<len>_<file>_<hash>, in the
+        # names of internal-linkage device symbols) from the .cu file's absolute path, which no prefix map
+        # reaches. Of five ggml-cuda objects compiled through this configure at two roots, argsort.cu.o still
+        # differed (320 bytes of its PTX and cubin: the module id); arange, clamp, ggml-cuda.cu and
+        # mmf-instance-ncols_5 were identical. So a CUDA build is still tied to its cache root.
+        out["CMAKE_CUDA_FLAGS"] = " ".join(nvcc_host_flag(m) for m in maps)
+    return out
+
+
+def configure_flags(plan: BuildPlan, root: Path) -> list[str]:
+    """The configure flags of the build at `root`: the plan's (its key's) with location_flags merged in.
+
+    Appended to the value where the plan sets the entry already (a pin's CMAKE_C_FLAGS, the engine's
+    CMAKE_CUDA_FLAGS), else added as a new -D. These flags differ between cache roots and the built files must
+    not, so they are not part of the key (BuildPlan.key_inputs). A -DCMAKE_C_FLAGS / -DCMAKE_CXX_FLAGS on the
+    command line also means $CFLAGS / $CXXFLAGS no longer initialize them: they were never part of the key."""
+    add = location_flags(plan, root)
+    out, merged = [], set()
+    for flag in plan.cmake_flags:
+        name, typ, value = _cache_entry(flag)
+        if name in add:  # a name set twice gets the words in both (CMake keeps the last)
+            out.append(f"-D{name}{typ}={value} {add[name]}" if value else f"-D{name}{typ}={add[name]}")
+            merged.add(name)
+        else:
+            out.append(flag)
+    out += [f"-D{name}={words}" for name, words in add.items() if name not in merged]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # a verified build
 
 @dataclass(frozen=True)
@@ -411,12 +515,22 @@ def _dumper_inputs(plan: BuildPlan) -> dict[str, Any]:
             "compiler_version": plan.toolchain.compiler}
 
 
+def dumper_command(plan: BuildPlan, root: Path, out: Path) -> list[str]:
+    """The dumper's compile-and-link command (no shell). Location-independent like the CMake build: the build root
+    and the dumper's source directory are prefix-mapped (the headers' and the source's __FILE__), and the RUNPATH
+    is ``$ORIGIN`` (the dumper lies in build/bin beside libllama). Format-1 dumpers carried their build/bin path as
+    RUNPATH (``-Wl,-rpath,<cache>/llamacpp/build/<key>/build/bin``), so they differed between cache roots."""
+    src, bin_dir = root / "src", root / "build" / "bin"
+    return [plan.toolchain.cxx, *DUMPER_FLAGS, *prefix_maps(root, LOCATION_PREFIX),
+            *prefix_maps(DUMPER_SOURCE.parent, DUMPER_PREFIX, through_cmake=False),
+            f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", str(DUMPER_SOURCE), "-o", str(out), f"-L{bin_dir}", "-lllama", "-Wl,-rpath,$ORIGIN"]
+
+
 def build_dumper(plan: BuildPlan, root: Path, progress: Progress | None = None) -> dict[str, Any]:
     """Compile the logits dumper (one TU) against the built libllama into build/bin, atomically."""
     src, bin_dir = root / "src", root / "build" / "bin"
     tmp = bin_dir / f".{DUMPER}.tmp"
-    cmd = [plan.toolchain.cxx, *DUMPER_FLAGS, f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}",
-           str(DUMPER_SOURCE), "-o", str(tmp), f"-L{bin_dir}", "-lllama", f"-Wl,-rpath,{bin_dir}"]
+    cmd = dumper_command(plan, root, tmp)
     run_step("dumper", cmd, root / "logs" / "dumper.log", progress=progress)
     os.replace(tmp, bin_dir / DUMPER)
     return dict(_dumper_inputs(plan), command=cmd, headers=_header_hashes(src))
@@ -439,6 +553,7 @@ def full_build(plan: BuildPlan, root: Path, cache_dir: Path, progress: Progress 
                pip_args: list[str] | None = None) -> dict[str, Any]:
     """Wipe `root`, materialize the pinned source, configure, build the targets and the dumper; return the manifest
     body (binaries not yet hashed)."""
+    flags = configure_flags(plan, root)  # before anything is wiped: it refuses a root it cannot map
     if root.exists():
         shutil.rmtree(root)
     (root / "logs").mkdir(parents=True)
@@ -448,7 +563,7 @@ def full_build(plan: BuildPlan, root: Path, cache_dir: Path, progress: Progress 
                               plan.source_spec or None)
     t1 = time.monotonic()
     tc = plan.toolchain
-    configure = [tc.cmake, "-S", str(root / "src"), "-B", str(root / "build"), "-G", tc.generator, *plan.cmake_flags]
+    configure = [tc.cmake, "-S", str(root / "src"), "-B", str(root / "build"), "-G", tc.generator, *flags]
     run_step("configure", configure, root / "logs" / "configure.log", progress=progress)
     t2 = time.monotonic()
     jobs = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
