@@ -28,6 +28,7 @@ from typing import Any
 
 import git
 
+from scoreboard.archive import UnsafeMember, extract
 from scoreboard.engine import GitReference, SdistReference
 from scoreboard.errors import EngineError, InputError, PinError, TransientError
 
@@ -310,8 +311,8 @@ def extract_sdist(ref: SdistReference, tarball: Path, dest: Path, ref_id: str = 
         members = _sdist_members(tf, ref.subdir, tarball)
         dest.mkdir(parents=True)
         try:
-            tf.extractall(dest, members=members, filter="data")
-        except tarfile.FilterError as exc:  # absolute paths, `..`, links out of the tree, device files
+            extract(tf, dest, members)
+        except UnsafeMember as exc:  # absolute paths, `..`, links out of the tree, device files
             raise PinError(f"references.{ref_id}: {tarball} holds an unsafe member: {exc}",
                            "do not use this file; re-pin only after review") from None
     dropped = False

@@ -223,6 +223,19 @@ def resolve_main_arm(scratch: Path, repo: Path = HARNESS_ROOT, main_branch: str 
     return export(commit, "main", True, scratch, repo)
 
 
+def _unpack(data: bytes, dest: Path, what: str) -> None:
+    """A `git archive` tar into `dest`: nothing outside it, no device files, no setuid bits (scoreboard.archive);
+    a commit holding such a member (a symlink to anywhere) is the candidate's input error."""
+    from ..archive import UnsafeMember, extract
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        try:
+            extract(tar, dest)
+        except UnsafeMember as exc:
+            raise InputError(f"{what} holds a file the harness will not unpack: {exc}",
+                             "remove it from the commit (a symlink must stay inside the tree)") from None
+
+
 def export(commit: str, label: str, is_main: bool, scratch: Path, repo: Path, dirty: bool = False) -> CandidateSource:
     """`git archive` of CANDIDATE_CODE at `commit`, unpacked into a fresh directory of `scratch` and checked
     against the commit's tree hash of engines/."""
@@ -233,8 +246,7 @@ def export(commit: str, label: str, is_main: bool, scratch: Path, repo: Path, di
     tree = _git(["rev-parse", f"{commit}:engines"], repo)
     data = _git(["archive", "--format=tar", commit, *[p for p in CANDIDATE_CODE if p in names]], repo, binary=True)
     dest = Path(tempfile.mkdtemp(prefix=f"arm-{commit[:12]}-", dir=scratch))  # private (0700)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")  # nothing outside dest, no device files, no setuid bits
+    _unpack(data, dest, f"--candidate {label}: commit {commit[:12]}")
     src = CandidateSource(label, dest, commit, dirty, is_main, "git", tree)
     verify_export(src)
     return src
@@ -408,8 +420,7 @@ def export_plugin(commit: str, label: str, is_main: bool, scratch: Path, repo: P
     tree = _git(["rev-parse", f"{commit}:{package}"], repo)
     data = _git(["archive", "--format=tar", commit, package, "pyproject.toml"], repo, binary=True)
     dest = Path(tempfile.mkdtemp(prefix=f"plugin-{commit[:12]}-", dir=scratch))  # private (0700)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")  # nothing outside dest, no device files, no setuid bits
+    _unpack(data, dest, f"--candidate {label}: the plugin's commit {commit[:12]}")
     src = CandidateSource(label, dest, commit, dirty, is_main, "git", tree,
                           PluginCode(repo, remote_url(repo), spec, package))
     verify_export(src)
