@@ -22,7 +22,7 @@ class UnsafeMember(Exception):
     """A member the rules above refuse; nothing was extracted."""
 
 
-def extract(tar: tarfile.TarFile, dest: str | os.PathLike[str], members: Iterable[tarfile.TarInfo] | None = None,
+def extract_tar(tar: tarfile.TarFile, dest: str | os.PathLike[str], members: Iterable[tarfile.TarInfo] | None = None,
             *, stdlib: bool | None = None) -> None:
     """Every member (or `members`) of `tar` under `dest`, or UnsafeMember naming the first refused one.
     `stdlib`: use the interpreter's data filter (default: wherever it has one; tests force either way)."""

@@ -89,15 +89,19 @@ LENT: dict[str, str] = {
     "fit_budget": "scoreboard.fit",  # the per-rank memory budget of a target
     "price_weights": "scoreboard.fit",  # ... with the weights line priced by the engine's own plan
     "ram_gib": "scoreboard.environment",  # this host's RAM
+    "extract_tar": "scoreboard.archive",  # unpack a tar someone else chose: nothing outside the destination
+    "UnsafeMember": "scoreboard.archive",  # ... and the member it refused
 }
 
 # what an engine may import from this module: the contract's own names, then the lent helpers
 __all__ = ["CONTRACT_VERSION", "Engine", "EngineIdentity", "EngineTarget", "Geometry", "LogitsRequest",
            "LogitsResult", "Phase", "Prepared", "Progress", "Rep", "StepOutput", "Workload", "as_step_output",
            "cache_dir", "GitReference", "SdistReference", "atomic_write_text", "ls_remote", "GitUnavailable",
-           "compare_scans", "load_k3_config", "GIB", "fit_budget", "price_weights", "ram_gib"]
+           "compare_scans", "load_k3_config", "GIB", "fit_budget", "price_weights", "ram_gib", "extract_tar",
+           "UnsafeMember"]
 
 if TYPE_CHECKING:
+    from .archive import UnsafeMember, extract_tar
     from .cache import cache_dir
     from .environment import ram_gib
     from .fit import GIB, fit_budget, price_weights

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scoreboard.archive import UnsafeMember, extract
+from scoreboard.archive import UnsafeMember, extract_tar as extract
 
 PATHS = [pytest.param(False, id="checked-here")]
 if hasattr(tarfile, "data_filter"):

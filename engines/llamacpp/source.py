@@ -28,8 +28,7 @@ from typing import Any
 
 import git
 
-from scoreboard.archive import UnsafeMember, extract
-from scoreboard.engine import GitReference, SdistReference
+from scoreboard.engine import GitReference, SdistReference, UnsafeMember, extract_tar
 from scoreboard.errors import EngineError, InputError, PinError, TransientError
 
 Progress = Callable[[str, "float | None"], None]
@@ -311,7 +310,7 @@ def extract_sdist(ref: SdistReference, tarball: Path, dest: Path, ref_id: str = 
         members = _sdist_members(tf, ref.subdir, tarball)
         dest.mkdir(parents=True)
         try:
-            extract(tf, dest, members)
+            extract_tar(tf, dest, members)
         except UnsafeMember as exc:  # absolute paths, `..`, links out of the tree, device files
             raise PinError(f"references.{ref_id}: {tarball} holds an unsafe member: {exc}",
                            "do not use this file; re-pin only after review") from None

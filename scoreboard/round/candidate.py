@@ -226,11 +226,11 @@ def resolve_main_arm(scratch: Path, repo: Path = HARNESS_ROOT, main_branch: str 
 def _unpack(data: bytes, dest: Path, what: str) -> None:
     """A `git archive` tar into `dest`: nothing outside it, no device files, no setuid bits (scoreboard.archive);
     a commit holding such a member (a symlink to anywhere) is the candidate's input error."""
-    from ..archive import UnsafeMember, extract
+    from ..archive import UnsafeMember, extract_tar
 
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         try:
-            extract(tar, dest)
+            extract_tar(tar, dest)
         except UnsafeMember as exc:
             raise InputError(f"{what} holds a file the harness will not unpack: {exc}",
                              "remove it from the commit (a symlink must stay inside the tree)") from None
