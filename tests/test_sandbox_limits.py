@@ -397,18 +397,19 @@ def test_a_harness_that_is_not_root_keeps_its_sandbox_in_a_user_namespace_of_its
         (work / "harness.py").write_text(NOT_ROOT_HARNESS)
         for p in [work, *work.rglob("*")]:
             p.chmod(0o777 if p == work / "cache" else (0o755 if p.is_dir() else 0o644))
-        prefix = Path(sys.base_prefix)
+        # the interpreter and, in a virtual environment, the venv (its python link and site-packages) stay visible
+        prefixes = list(dict.fromkeys([Path(sys.base_prefix), Path(sys.prefix)]))
+        keep = "; ".join(f"mkdir -p {work}/interp{i}; mount --bind {p} {work}/interp{i}" for i, p in enumerate(prefixes))
+        put = "; ".join(f"mkdir -p {p}; mount --bind {work}/interp{i} {p}" for i, p in enumerate(prefixes))
         script = textwrap.dedent(f"""
             set -e
-            mkdir -p {work}/interp
-            mount --bind {prefix} {work}/interp
+            {keep}
             mount -t tmpfs -o mode=755 tmpfs /root
-            mkdir -p {prefix}
-            mount --bind {work}/interp {prefix}
+            {put}
             cd {work}
             exec setpriv --reuid 4242 --regid 4242 --clear-groups env HOME={work} PYTHONPATH={REPO} \\
                 {sys.executable} {work}/harness.py {work}/arm {work}/cache
-        """) if str(prefix).startswith("/root/") else textwrap.dedent(f"""
+        """) if any(str(p).startswith("/root/") for p in prefixes) else textwrap.dedent(f"""
             cd {work}
             exec setpriv --reuid 4242 --regid 4242 --clear-groups env HOME={work} PYTHONPATH={REPO} \\
                 {sys.executable} {work}/harness.py {work}/arm {work}/cache
