@@ -68,8 +68,9 @@ def cases(name: str) -> list[Case]:
                 {"F": f, "LAT": lat, "LINEAR_UP": False, "BF": K.BLOCK_F, "BK": K.BLOCK_K}, 4))
     out.append(("experts_down_sum", K._experts_down_sum,
                 {"a_ptr": P, "w_ptr": H, "sel_ptr": I64, "wts_ptr": P, "out_ptr": P, "K_USED": "constexpr",
-                 "F": "constexpr", "LAT": "constexpr", "BL": "constexpr", "BK": "constexpr"},
-                {"K_USED": k, "F": f, "LAT": lat, "BL": K.BLOCK_L, "BK": K.BLOCK_KD}, 4))
+                 "KP": "constexpr", "F": "constexpr", "LAT": "constexpr", "BL": "constexpr", "BK": "constexpr"},
+                dict(zip(("KP", "BK"), K.down_sum_tile(k, f)), K_USED=k, F=f, LAT=lat, BL=K.BLOCK_L),
+                K.WARPS["experts_down_sum"]))
     out.append(("route", K._route,
                 {"logits_ptr": P, "bias_ptr": P, "sel_ptr": I64, "wts_ptr": P, "wsum_min": "fp32", "scale": "fp32",
                  "X": "constexpr", "K_USED": "constexpr", "BX": "constexpr", "SIGMOID": "constexpr",

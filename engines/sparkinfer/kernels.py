@@ -120,13 +120,16 @@ SCAN_BV = 16  # value columns per chunk_scan program
 # warps per program where the default 4 spills: ptxas for sm_90 (Triton 3.6, bench/triton_compile.py) gave
 # kda_step 255 registers + 72 B stack at 8 warps (104 B at 16), chunk_scan 172 and no stack at 8 warps with 16
 # value columns (255 + 264 B at 4 warps with 32); mla_split at its tile above: 255 + 664 B (Triton 3.8), which
-# still beat every tile that does not spill
-WARPS = {"kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8, "grouped_mm": 8}
+# still beat every tile that does not spill; experts_down_sum at 8 for its tile of every selected expert's rows
+# (DOWN_TILE elements: 64 registers of weights and activations per thread at 8 warps, 128 at 4)
+WARPS = {"experts_down_sum": 8, "kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8, "grouped_mm": 8}
 STAGES = {"mla_split": 2, "mla_causal": 2, "grouped_mm": 3}  # software-pipelined loads in flight per loop (Triton's default 3)
 BLOCK_K = 512  # experts_in_situ's reduction step over the latent (f16 weights: 1 KB per row per step)
-# experts_down_sum's reduction step over F. Its bytes in flight are LAT x BLOCK_KD x 2 per pipeline stage whatever
-# BLOCK_L is: at 128 that was 256 KB on k3-gpu, where an H200 wants a few MB; at 1024, 2 MB
+# experts_down_sum's widest reduction step over F (down_sum_tile narrows it until one tile of every selected
+# expert's rows fits DOWN_TILE). At 128 the old per-expert loop kept LAT x 128 x 2 bytes in flight (256 KB on k3-gpu)
+# where an H200 wants a few MB; 1024 was the sweep's best
 BLOCK_KD = 1024
+DOWN_TILE = 16384  # experts_down_sum: weight elements per tile (16 K f16 = 32 KB in flight per program)
 
 
 @triton.jit
@@ -171,24 +174,28 @@ def _experts_in_situ(x_ptr, w_ptr, sel_ptr, out_ptr, inv_beta, inv_lb, beta_lb,
 
 @triton.jit
 def _experts_down_sum(a_ptr, w_ptr, sel_ptr, wts_ptr, out_ptr,
-                      K_USED: tl.constexpr, F: tl.constexpr, LAT: tl.constexpr,
+                      K_USED: tl.constexpr, KP: tl.constexpr, F: tl.constexpr, LAT: tl.constexpr,
                       BL: tl.constexpr, BK: tl.constexpr):
+    # one [KP, BL, BK] tile holds the BL rows of every selected expert (KP: K_USED padded to a power of two), so
+    # each step's loads go out together: a loop over the experts waited for one expert's rows before asking for
+    # the next one's (k3-gpu: 8 round trips to memory per program, one per step now)
+    mk = tl.arange(0, KP)  # [KP] which selected expert
+    used = mk < K_USED
     rows = tl.program_id(0) * BL + tl.arange(0, BL)  # [BL] output rows (latent dims)
     ok = rows < LAT
-    acc = tl.zeros([BL], dtype=tl.float32)
-    for m in range(K_USED):  # fixed order: the same sum every run
-        e = tl.load(sel_ptr + m).to(tl.int64)
-        base = w_ptr + e * (LAT * F)  # expert e's [LAT, F] down matrix
-        part = tl.zeros([BL], dtype=tl.float32)
-        for k0 in range(0, F, BK):
-            kk = k0 + tl.arange(0, BK)
-            kmask = kk < F
-            av = tl.load(a_ptr + m * F + kk, mask=kmask, other=0.0)[None, :]
-            wd = tl.load(base + rows[:, None].to(tl.int64) * F + kk[None, :], mask=ok[:, None] & kmask[None, :],
-                         other=0.0)
-            part += tl.sum(wd.to(tl.float32) * av, 1)
-        acc += tl.load(wts_ptr + m) * part
-    tl.store(out_ptr + rows, acc, mask=ok)
+    e = tl.load(sel_ptr + mk, mask=used, other=0).to(tl.int64)
+    wrow = e[:, None, None] * (LAT * F) + rows[None, :, None].to(tl.int64) * F  # [KP, BL, 1] row starts
+    wmask = used[:, None, None] & ok[None, :, None]
+    part = tl.zeros([KP, BL], dtype=tl.float32)
+    for k0 in range(0, F, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < F
+        av = tl.load(a_ptr + mk[:, None, None] * F + kk[None, None, :], mask=used[:, None, None] & kmask[None, None, :],
+                     other=0.0)  # [KP, 1, BK] each expert's activation
+        wd = tl.load(w_ptr + wrow + kk[None, None, :], mask=wmask & kmask[None, None, :], other=0.0)
+        part += tl.sum(wd.to(tl.float32) * av, 2)
+    wts = tl.load(wts_ptr + mk, mask=used, other=0.0)
+    tl.store(out_ptr + rows, tl.sum(part * wts[:, None], 0), mask=ok)  # over the experts: a fixed tree order
 
 
 @triton.jit
@@ -826,6 +833,20 @@ def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: 
         beta if linear_up else beta * linear_beta,
         F=f, LAT=lat, LINEAR_UP=linear_up, BF=BLOCK_F, BK=BLOCK_K)
     out = torch.empty(1, lat, dtype=torch.float32, device=xin.device)
+    kp, bk = down_sum_tile(k, f)
     _experts_down_sum[(triton.cdiv(lat, BLOCK_L),)](
-        a, w_down, sel, wts.float().contiguous(), out, K_USED=k, F=f, LAT=lat, BL=BLOCK_L, BK=BLOCK_KD)
+        a, w_down, sel, wts.float().contiguous(), out, K_USED=k, KP=kp, F=f, LAT=lat, BL=BLOCK_L, BK=bk,
+        num_warps=WARPS["experts_down_sum"])
     return out
+
+
+def down_sum_tile(k: int, f: int) -> tuple[int, int]:
+    """experts_down_sum's (experts padded to a power of two, reduction step over F): the step is BLOCK_KD, cut
+    down until one tile (KP x BLOCK_L x step weights) holds at most DOWN_TILE elements (k3-gpu's 8 experts:
+    16 x 1024, F in one step; k3-wide's 16: 32 x 512, six steps over F = 3072), and at most F rounded up to a
+    power of two."""
+    kp = triton.next_power_of_2(k)
+    bk = min(BLOCK_KD, triton.next_power_of_2(f))
+    while bk > 16 and kp * BLOCK_L * bk > DOWN_TILE:
+        bk //= 2
+    return kp, bk
