@@ -18,9 +18,10 @@ Numerics, chosen to agree with llama.cpp's CPU backend:
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -248,6 +249,10 @@ class K3Model:
         self.use_kernels = False
         self.kernel_errors: dict[str, float] = {}  # each kernel's relative error against its torch form
         self.mla_prefill = MLA_PREFILL_FORMS[0]  # the prefill's MLA attention with the kernels on (enable_kernels)
+        # one token's MoE layer with the kernels: its router, shared expert and routed experts on two side streams of
+        # the GPU (_moe_token); the expert-parallel model turns it off (its collective stays on one stream)
+        self.moe_branches = True
+        self._sides: tuple[Any, ...] = ()
 
     def enable_kernels(self) -> str:
         """Use the Triton kernels (kernels.py) — for one token: the products up to VEC_MAX_ELEMENTS with their
@@ -278,7 +283,8 @@ class K3Model:
         self.kernel_errors = errs
         # what was checked, not the errors: the note is part of the engine identity, which every launch of a
         # round must repeat exactly (the errors are on the model, for diagnosis)
-        return f"triton {kernels.triton.__version__}: " + ", ".join(errs)
+        branches = ", moe branches on 2 side streams" if self._side_streams() else ""
+        return f"triton {kernels.triton.__version__}: " + ", ".join(errs) + branches
 
     def _forward_error(self) -> float:
         """The whole model with the kernels against the torch form, from fresh caches: a 32-token prefill (the
@@ -690,6 +696,8 @@ class K3Model:
         """Latent MoE: router on the full-width x [T, E] (normed, or RMS-normed here by `norm`); experts at the
         latent width; shared at E. -> [T, E] (+ residual)."""
         c = self.cfg
+        if self.use_kernels and x.shape[0] == 1 and residual is not None and not self.faults.experts_hidden_width:
+            return self._moe_token(lw, x, norm, residual)
         if norm is not None and self.faults.experts_hidden_width:  # the fault reads the normed stream itself
             x, norm = rms_norm(x, norm, c.rms_norm_eps), None
         logits = self._linear(x, lw["ffn_gate_inp"], norm)  # [T, n_expert] (float32 router, not fused)
@@ -713,6 +721,58 @@ class K3Model:
             sh = self._situ_of(p, "ffn_gate_shexp", "ffn_up_shexp", c.situ_beta, c.situ_linear_beta)
             out = self._linear(sh, lw["ffn_down_shexp"], add=out)
         return out
+
+    def _moe_token(self, lw: dict[str, Any], x: Tensor, norm: Tensor | None, residual: Tensor) -> Tensor:
+        """One token's MoE layer with the decode kernels, its three independent chains on their own CUDA streams
+        (CPU: in this order, one after another). At batch 1 each chain is a few small launches that leave most of
+        the GPU idle, so side by side they overlap inside the captured graph, which records the forks and joins
+        as edges:
+          side 0: the router's product and the routing (sel, wts), beside moe_in's product on this stream;
+          side 1: the shared expert (situ, its down product with the residual added), beside the routed experts;
+          this stream: moe_in, then the routed experts once side 0 is done, then ffn_routed_up with side 1's sum
+          as its addend. The one difference from _moe's order: residual + shared is summed first, then the
+          routed part is added (f32 rounding only).
+        Every tensor a side stream reads was made on this stream before the fork, and this stream waits for both
+        sides before anything it made is freed, so the caching allocator cannot hand a block to one stream while
+        another still reads it. x [1, E] (RMS-normed here by `norm`) -> [1, E]."""
+        c = self.cfg
+        sides = self._side_streams()
+        with self._branch(sides, 0):
+            sel, wts = self._route(lw, self._linear(x, lw["ffn_gate_inp"], norm))
+        p = project(lw, "moe_in", x, partial(self._linear, norm=norm))
+        base = residual
+        if "ffn_gate_shexp" in p:
+            with self._branch(sides, 1):
+                sh = self._situ_of(p, "ffn_gate_shexp", "ffn_up_shexp", c.situ_beta, c.situ_linear_beta)
+                base = self._linear(sh, lw["ffn_down_shexp"], add=residual)
+        self._join(sides, 0)
+        out = self._experts(lw, p["ffn_routed_down"], sel, wts)  # [1, lat]
+        self._join(sides, 1)
+        return self._linear(out, lw["ffn_routed_up"], lw.get("ffn_routed_norm"), base)
+
+    def _side_streams(self) -> tuple[Any, ...] | None:
+        """Two side streams of this model's GPU for _moe_token's branches (made once); None on CPU or with
+        moe_branches off."""
+        if self.device.type != "cuda" or not self.moe_branches:
+            return None
+        if not self._sides:
+            self._sides = (torch.cuda.Stream(device=self.device), torch.cuda.Stream(device=self.device))
+        return self._sides
+
+    @contextmanager
+    def _branch(self, sides: tuple[Any, ...] | None, i: int) -> Iterator[None]:
+        """Run the block on side stream i, after all that this stream has queued (a fork); CPU: inline."""
+        if sides is None:
+            yield
+            return
+        sides[i].wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(sides[i]):
+            yield
+
+    def _join(self, sides: tuple[Any, ...] | None, i: int) -> None:
+        """This stream waits for all that side stream i has queued."""
+        if sides is not None:
+            torch.cuda.current_stream(self.device).wait_stream(sides[i])
 
     def _route(self, lw: dict[str, Any], logits: Tensor) -> tuple[Tensor, Tensor]:
         """The top-k experts of logits [T, X] (by probability + bias) and their unbiased, normalized, scaled

@@ -304,6 +304,7 @@ class ExpertParallelK3Model(K3Model):
         self.plan, self.rank, self.group = plan, rank, group
         self.band = plan.band(rank)
         self.n_collectives = 0  # all_reduce calls made (one per MoE layer per forward)
+        self.moe_branches = False  # the all_reduce stays on the step's one stream (multi-GPU, not yet run branched)
 
     def _experts(self, lw: dict[str, Any], xin: Tensor, sel: Tensor, wts: Tensor) -> Tensor:
         """xin [T, lat], sel/wts [T, k] (replicated router) -> the full routed sum [T, lat] on every rank."""
