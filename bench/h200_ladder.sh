@@ -23,6 +23,10 @@
 #   sandbox   CUDA in a worker launched as a round launches one (bench/h200_sandbox_check.py): run beside the
 #             reference build wherever it is listed, so a sandbox that cannot reach the GPU shows in the first
 #             minutes, not after the build.
+# BESIDE=COMMIT (with BUILD_FIRST=1): once GEN_WEIGHTS are generated, beside the reference build, the gpu-marked engine
+# tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
+# PROFILE_ARGS_BESIDE) of the engine at COMMIT, from a worktree of the clone: the GPU is idle during the build. The
+# profile is a diagnosis (in-process clock, no gate, no seal, the CPU shared with the build), never a result.
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every
@@ -115,6 +119,22 @@ phase_sweep() {
   done
 }
 phase_sandbox() { :; }  # run by main before the reference build (see above)
+beside() {  # COMMIT: the gpu tests and the depth profile of the engine at COMMIT (see BESIDE above)
+  local wt=/root/sb-beside c=$1
+  git -C "$SB" worktree add -q --detach "$wt" "$c" || { echo "beside: no commit $c in the clone"; return; }
+  if ls "$KIT"/testwhl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/pytest-kit "$KIT"/testwhl/*.whl 2>&1 | tail -1
+    (cd "$wt" && PYTHONPATH=$wt:/root/pytest-kit python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sparkinfer_graph.py \
+      tests/test_sparkinfer_prefix.py tests/test_sparkinfer_reveal.py tests/test_sparkinfer_engine.py) > "$WORK/gpu-tests-$c.log" 2>&1
+    echo "gpu tests at $c rc $?"; tail -2 "$WORK/gpu-tests-$c.log"
+  fi
+  stamp "beside profile of $GPU_TARGET at $c"
+  # shellcheck disable=SC2086  # the profile's arguments are words
+  (cd "$wt" && PYTHONPATH=$wt python3 bench/h200_profile.py --target "$GPU_TARGET" --device "$PROF_DEVICE" \
+    ${PROFILE_ARGS_BESIDE:---forms kernels --depths 1024,16384,65536,131072 --prefill 32768} \
+    --out "$WORK/prof-beside-$c.json") > "$WORK/prof-beside-$c.log" 2>&1
+  echo "beside profile at $c rc $? (done at $SECONDS s)"; tail -3 "$WORK/prof-beside-$c.log" | cut -c1-300
+}
 sandbox_check() {
   stamp "sandbox check (CUDA in a sandboxed worker, the handshake per rep)"
   python3 "$HERE/bench/h200_sandbox_check.py" --out "$WORK/sandbox" --device "$PROF_DEVICE" > "$WORK/sandbox.log" 2>&1
@@ -159,10 +179,14 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
   case " $PHASES " in *" sandbox "*) sandbox_check > "$WORK/sandbox.out" 2>&1 & SBX=$!;; esac
   if [ "$BUILD_FIRST" = 1 ]; then
     stamp "preflight of $GPU_TARGET (reference build) beside the $GEN_WEIGHTS generation"
-    python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1 &
+    {
+      python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1
+      echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+      [ -z "${BESIDE:-}" ] || beside "$BESIDE"
+    } > "$WORK/gen.out" 2>&1 &
     GEN=$!
     python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
-    wait $GEN; echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
+    wait $GEN; cat "$WORK/gen.out"
   else
     stamp "no build first (BUILD_FIRST=0): the first phase's preflight generates the weights, and a calibration builds the reference beside its workers"
   fi
