@@ -105,8 +105,8 @@ def _receipt_facts(path: Path, trust: Trust) -> tuple[Receipt | None, str]:
         return f.sealed.receipt, ""
     if f.raw is None:
         return None, f"{path.name}: not readable JSON ({f.problems[0][1]})"
-    if f.state == "UNREADABLE":
-        return None, f"{path.name}: UNREADABLE ({f.problems[0][1].splitlines()[0]})"
+    if f.state in ("UNREADABLE", "UNTRUSTED"):  # the reason itself: who sealed it, or what cannot be read
+        return None, f"{path.name}: {f.state} ({f.problems[0][1].splitlines()[0]})"
     return None, f"{path.name}: {f.state} ({', '.join(fld for fld, _ in f.problems)})"
 
 
@@ -129,7 +129,7 @@ def _slot_metric(receipt: Receipt, slot: str) -> tuple[str, float | None, float 
 def ladder_from_history(rounds_dir: str | Path, target: str | None = None, held: bool = True,
                         trust: Trust | None = None) -> list[Step]:
     """The ladder with each step's tier and same-round reference value from its (seal-checked) receipt, judged by
-    `trust` (default: the pins of the reference.lock beside rounds_dir, `trust.near`); `held` (the default): main
+    `trust` (default: the pins of the checkout's own reference.lock, `trust.near`); `held` (the default): main
     rounds that moved nothing are steps too (ladder_steps)."""
     from .history.ledger import read_ledger
     from .history.trust import near

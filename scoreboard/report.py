@@ -62,6 +62,7 @@ class Report:
     rounds: list[RoundView]
     steps: list[Step]
     verify_problems: list[str]
+    trust: Trust = field(default_factory=Trust)  # the pins the receipts were judged by
 
     @property
     def unverified(self) -> list[RoundView]:
@@ -303,4 +304,4 @@ def build_report(rounds_dir: str | Path = "rounds", lock_path: str | Path | None
         drift = reference_drift(v.receipt, lock) if v.receipt is not None else []
         parts.append(_round(v, drift))
     parts.append("</body></html>")
-    return Report("\n".join(parts), views, steps, verify_problems)
+    return Report("\n".join(parts), views, steps, verify_problems, trust)

@@ -77,7 +77,7 @@ def test_round_show_refuses_an_edited_or_unsealed_receipt(history, monkeypatch, 
 
 def test_ladder_is_per_slot_and_states_its_count(history, monkeypatch, capsys):
     lock, rounds, ids = history
-    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--json")
+    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--json", "--lock", str(lock))
     assert code == 0
     data = json.loads(out)
     comp = data["compounding"]
@@ -97,7 +97,7 @@ def test_ladder_is_per_slot_and_states_its_count(history, monkeypatch, capsys):
 def test_ladder_text_and_plot(history, monkeypatch, capsys, tmp_path):
     lock, rounds, ids = history
     plot = tmp_path / "ladder.svg"
-    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(plot))
+    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(plot), "--lock", str(lock))
     assert code == 0
     assert "over 2 step(s)" in out and "over those 2" in out
     svg = plot.read_text(encoding="utf-8")
@@ -119,7 +119,7 @@ def test_piped_ladder_keeps_round_ids_and_commits_whole(history, tmp_path, colum
     bad = subprocess.run([sys.executable, "-m", "scoreboard", "round", "show", "no-such-round", "--rounds",
                           str(rounds)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert bad.returncode == 1 and "no receipt 'no-such-round'" in bad.stderr, bad
-    args = [sys.executable, "-m", "scoreboard", "ladder", "--rounds", str(rounds)]
+    args = [sys.executable, "-m", "scoreboard", "ladder", "--rounds", str(rounds), "--lock", str(lock)]
     proc = subprocess.run([*args, "--plot", str(tmp_path / "l.svg")], capture_output=True, text=True, env=env,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -132,8 +132,9 @@ def test_piped_ladder_keeps_round_ids_and_commits_whole(history, tmp_path, colum
 def test_ladder_marks_a_step_whose_receipt_was_edited(history, monkeypatch, capsys, tmp_path):
     lock, rounds, ids = history
     _edit(rounds / f"{ids[1]}.json", lambda d: d["verdict"].__setitem__("label", "XL"))
-    code, out, err = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(tmp_path / "l.svg"))
-    assert code == 2 and "UNVERIFIED" in out and "TAMPERED" in err
+    code, out, err = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(tmp_path / "l.svg"),
+                         "--lock", str(lock))
+    assert code == 2 and "UNVERIFIED" in out and "TAMPERED" in err and "UNTRUSTED" not in err
     assert "XL" not in out
 
 
@@ -266,7 +267,7 @@ def test_ladder_in_markdown_and_csv(history, monkeypatch, capsys, fmt):
     import csv as csv_mod
 
     lock, rounds, ids = history
-    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--format", fmt)
+    code, out, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--format", fmt, "--lock", str(lock))
     assert code == 0
     lines = out.strip().splitlines()
     if fmt == "md":
@@ -284,7 +285,7 @@ def test_ladder_in_markdown_and_csv(history, monkeypatch, capsys, fmt):
 def test_the_ladder_plot_draws_decode_against_depth(history, monkeypatch, capsys, tmp_path):
     lock, rounds, ids = history
     plot = tmp_path / "l.svg"
-    code, _, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(plot))
+    code, _, _ = cli(monkeypatch, capsys, "ladder", "--rounds", str(rounds), "--plot", str(plot), "--lock", str(lock))
     svg = plot.read_text(encoding="utf-8")
     assert code == 0 and 'class="depth-profile"' in svg and "context depth (tokens in the cache, log scale)" in svg
     assert 'data-arm="reference" data-depth="512"' in svg and 'data-arm="candidate" data-depth="512"' in svg

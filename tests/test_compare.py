@@ -105,7 +105,8 @@ def test_compare_refuses_an_edited_receipt(history, monkeypatch, capsys):
 def test_compare_and_round_show_draw_decode_against_depth(tmp_path, monkeypatch, capsys):
     """A depth profile (decode at 1K, 16K, 64K, 128K): both receipts' every arm at every depth."""
     rounds = tmp_path / "rounds"
-    lock_with_test_target(tmp_path)  # beside rounds/: the lock that pins the session's signer
+    lock_with_test_target(tmp_path)  # the lock of the records' checkout: it pins the session's signer
+    monkeypatch.chdir(tmp_path)  # `round show` judges by the checkout it runs in
     a = write_receipt(profile_receipt(), rounds)
     slower = profile_receipt({1024: 45.0, 16384: 35.0, 65536: 20.0, 131072: 11.0})
     slower.update(round_id=slower["round_id"][:-8] + "0000000b", created_at="2026-11-29T14:15:00Z")
@@ -127,7 +128,8 @@ def test_compare_and_round_show_draw_decode_against_depth(tmp_path, monkeypatch,
 @pytest.mark.parametrize("fmt", ["md", "csv"])
 def test_round_show_in_markdown_and_csv(history, monkeypatch, capsys, fmt):
     lock, rounds, ids = history
-    code, out, _ = _cli(monkeypatch, capsys, "round", "show", ids[3], "--rounds", str(rounds), "--format", fmt)
+    code, out, _ = _cli(monkeypatch, capsys, "round", "show", ids[3], "--rounds", str(rounds), "--format", fmt,
+                        "--lock", str(lock))  # the history's own lock: it pins the session's signer
     assert code == 0
     if fmt == "md":
         assert out.startswith("| metric | role | arm | value tok/s (geomean of block medians) |")

@@ -409,7 +409,9 @@ def _write(tmp_path: Path, name: str, i: int = 0) -> Path:
 
 
 def _pinning_lock(d: Path) -> Path:
-    """The lock beside rounds/ that `tier --receipt` reads the pinned signers from: it pins the session's key."""
+    """The lock of the records' checkout `d` (beside rounds/): it pins the session's key. `tier --receipt` reads
+    the pinned signers from the checkout it runs in, never from the lock beside the receipt: a test that scores
+    without --lock runs in `d` (`_in_checkout`)."""
     import tomlkit
     from receipt_factory import zero_slots
 
@@ -420,7 +422,14 @@ def _pinning_lock(d: Path) -> Path:
     return lock
 
 
+def _in_checkout(monkeypatch, d: Path) -> None:
+    """Run the command from the checkout `d` whose lock pins the session's key (the receipts are its own)."""
+    _pinning_lock(d)
+    monkeypatch.chdir(d)
+
+
 def test_cli_receipt_prints_label_and_explanation(tmp_path, monkeypatch, capsys):
+    _in_checkout(monkeypatch, tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "stale_frontier")))
     assert code == 0
     assert "M: the candidate's decode 128 tok @ depth 131072" in " ".join(out.split())
@@ -439,6 +448,7 @@ def test_cli_receipt_json_and_current_lock(tmp_path, monkeypatch, capsys, lock_p
 
 
 def test_cli_reports_a_recorded_verdict_that_the_data_does_not_support(tmp_path, monkeypatch, capsys):
+    _in_checkout(monkeypatch, tmp_path)
     r = _case("hand_seeded_frontier", 0)
     r["verdict"] = {"label": "XL", "reasons": []}  # sealed so (an older policy): scored, with the disagreement noted
     p = tmp_path / "rounds" / "r.json"
@@ -446,7 +456,7 @@ def test_cli_reports_a_recorded_verdict_that_the_data_does_not_support(tmp_path,
     p.write_text(json.dumps(_sealed(r)), encoding="utf-8")
     _pinning_lock(tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(p))
-    assert code == 2  # what it really is: a regression
+    assert code == 2 and "UNTRUSTED" not in out  # what it really is: a regression
     assert "the receipt records 'XL'; recomputed 'regression'" in " ".join(out.split())
 
 
@@ -470,13 +480,15 @@ def test_cli_refuses_an_edited_or_unsealed_receipt(tmp_path, monkeypatch, capsys
 
 
 def test_cli_reject_exits_2(tmp_path, monkeypatch, capsys):
+    _in_checkout(monkeypatch, tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "guard_regression")), "--json")
-    assert code == 2
+    assert code == 2 and json.loads(out)["trusted"] is True  # exit 2 for the REJECT, not for who sealed it
     assert json.loads(out)["verdict"]["speed_label"] == "M"
 
 
 def test_cli_regression_exits_2_and_says_so(tmp_path, monkeypatch, capsys):
     """k3-wide's main round of 2026-12-02 (-3.98%, CI -4.06% to -3.90%) was sealed as none, exit 0."""
+    _in_checkout(monkeypatch, tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "scored_regression")))
     text = " ".join(out.split())
     assert code == 2
@@ -489,6 +501,7 @@ def test_cli_regression_exits_2_and_says_so(tmp_path, monkeypatch, capsys):
 def test_cli_a_loaded_box_against_the_pinned_slot_is_inconclusive(tmp_path, monkeypatch, capsys):
     """The default target's main job on a loaded box sealed 'none, -95.85%' against the slot of 2026-11-29 (its
     frontier commit cannot run under this harness); the baseline the round recorded makes it inconclusive."""
+    _in_checkout(monkeypatch, tmp_path)
     code, out, _ = _cli(monkeypatch, capsys, "--receipt", str(_write(tmp_path, "pinned_slot_drift")), "--json")
     v = json.loads(out)["verdict"]
     assert code == 0 and v["label"] == "inconclusive" and v["basis"] == "frontier-slot"

@@ -14,7 +14,7 @@ from signer_fixtures import SIGNER_ID, pin_in, session_public_key
 from scoreboard.errors import InputError, LockError
 from scoreboard.history.records import record_round, write_receipt
 from scoreboard.history.seal import generate_keypair, load_public_key, public_key_b64
-from scoreboard.history.trust import PRE_PIN, Trust, pinned_signing_key
+from scoreboard.history.trust import PRE_PIN, Trust, near, own_lock, pinned_signing_key
 from scoreboard.history.verify import verify
 from scoreboard.lockfile import load_lock, parse_lock
 
@@ -117,3 +117,43 @@ def test_sealing_needs_a_key_that_the_lock_pins(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"\$SCOREBOARD_SIGNING_KEY is not set") as exc:
         pinned_signing_key(lock, "reference.lock", [])
     assert "scoreboard signer new" in exc.value.hint and "--no-seal" in exc.value.hint
+
+
+def test_the_pins_are_the_checkouts_own_lock_never_the_one_beside_the_records(tmp_path, monkeypatch):
+    """Without --lock, a display judges records by the reference.lock of the checkout it runs in: the working
+    directory's, else the one at the root of its git working tree (not one in a directory between, and nothing
+    outside a working tree); never the one beside the records, which whoever handed them over could have put
+    there. That one is named as `--lock` in an untrusted record's reason. (The attack through the four commands:
+    tests/test_exploits_records.py.)"""
+    records = tmp_path / "records"
+    records.mkdir()
+    theirs = lock_with_test_target(records)  # pins the key the receipt is signed with (the session's)
+    receipt = write_receipt(make_receipt(round_hex="0000000e"), records / "rounds")
+    data = json.loads(receipt.read_bytes())
+    mine = tmp_path / "mine"
+    (mine / ".git").mkdir(parents=True)
+    (mine / "a" / "b").mkdir(parents=True)
+    (mine / "reference.lock").write_text((REPO / "reference.lock").read_text())  # pins no test key
+    (mine / "a" / "reference.lock").write_text(theirs.read_text())  # between the two: not the checkout's
+    monkeypatch.chdir(mine / "a" / "b")
+    assert own_lock() == mine / "reference.lock" and own_lock(mine / "a") == mine / "a" / "reference.lock"
+    trust = near(receipt.parent)
+    st = trust.standing(data, "round")
+    assert trust.source == str(mine / "reference.lock") and trust.other == str(theirs)
+    assert not st.trusted and f"pass --lock {theirs}" in st.why, st.why
+    # the user's explicit choice, and the records' own checkout, judge by the pins that came with them
+    chosen = near(receipt.parent, theirs)
+    assert chosen.standing(data, "round").trusted and chosen.other == "" and chosen.next_step() == ""
+    monkeypatch.chdir(records)
+    assert near(receipt.parent).standing(data, "round").trusted
+    # a checkout with no lock of its own: nothing vouches, and the reason names both ways out
+    (mine / "reference.lock").unlink()
+    monkeypatch.chdir(mine / "a" / "b")
+    assert own_lock() is None
+    st = near(receipt.parent).standing(data, "round")
+    assert not st.trusted and "pass --lock FILE" in st.why and f"pass --lock {theirs}" in st.why, st.why
+    # outside any git working tree only the working directory's own lock counts, never a parent's
+    loose = tmp_path / "loose"
+    (loose / "x").mkdir(parents=True)
+    (loose / "reference.lock").write_text(theirs.read_text())
+    assert own_lock(loose / "x") is None and own_lock(loose) == loose / "reference.lock"

@@ -50,8 +50,10 @@ def _table(steps: list[Step], comp: dict[str, SlotCompounding]) -> None:
 def command(
     target: str = typer.Option(None, "--target", "-t", help="only this target"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
-    lock: Path = typer.Option(Path("reference.lock"), "--lock", help="the lock whose targets --target is checked "
-                              "against (with the ledger's)"),
+    lock: Optional[Path] = typer.Option(None, "--lock", help="the pinned signers each step's receipt is judged by, "
+                                        "and the targets --target is checked against (with the ledger's); default: "
+                                        "this checkout's reference.lock (./reference.lock or the working tree's "
+                                        "root), never one that merely lies beside the receipts"),
     plot: Path = typer.Option(Path("ladder.svg"), "--plot", metavar="FILE",
                               help="SVG file to write the plot to (one panel per slot, then decode tok/s by depth)"),
     fmt: Optional[str] = typer.Option(None, "--format", metavar="table|json|csv|md",
@@ -62,13 +64,21 @@ def command(
     as held, with their none, regression, REJECT or aborted), the frontier it left standing, compounding per slot
     over the moves (never across slots, restarting at a re-base), SVG plot.
 
-    Exit 2 when a step's receipt is missing, unsealed or edited (the step is shown as UNVERIFIED)."""
+    Exit 2 when a step's receipt is missing, unsealed, edited or vouched for by no pinned key (the step is shown
+    as UNVERIFIED)."""
+    from ..history.sealed import untrusted_hint
+    from ..history.trust import near
+
     out_fmt = pick_format(fmt, json_out)
     existing_dir(rounds, "--rounds")
-    known_target(target, lock, rounds)
+    if lock is not None and not lock.is_file():
+        raise InputError(f"--lock {lock}: lock file not found",
+                         "pass the reference.lock whose signers judge the receipts, or leave --lock out")
+    trust = near(rounds, lock)  # --lock, else this checkout's: never a lock that only lies beside the receipts
+    known_target(target, trust.source or None, rounds)
     if out_fmt == "table" and not plot.parent.is_dir():
         raise InputError(f"--plot {plot}: directory {plot.parent} not found", "create it or pick another path")
-    steps = ladder_from_history(rounds, target)
+    steps = ladder_from_history(rounds, target, trust=trust)
     comp = compounding(steps)
     bad = sorted({s.receipt_problem for s in steps if s.receipt_problem})
     if out_fmt == "json":
@@ -81,8 +91,10 @@ def command(
     else:
         _table(steps, comp)
         out = write_svg(steps, plot, f"frontier ladder{' - ' + target if target else ''}",
-                        depth_curves(rounds, steps))
+                        depth_curves(rounds, steps, trust))
         console.print(f"plot: {out}")
     if bad:
+        untrusted = any(": UNTRUSTED" in b for b in bad)
         raise NonCompliant("ladder steps backed by receipts that do not verify: " + "; ".join(bad),
+                           untrusted_hint(trust) if untrusted and trust.next_step() else
                            "run `scoreboard verify` and restore the named receipts from git")

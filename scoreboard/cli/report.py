@@ -16,13 +16,18 @@ def command(
     out: Path = typer.Option(Path("scoreboard-report.html"), "--out", "-o", metavar="FILE",
                              help="HTML file to write (atomically)"),
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts + ledger directory"),
-    lock: Path = typer.Option(Path("reference.lock"), "--lock", help="also run `verify` against this lock"),
+    lock: Optional[Path] = typer.Option(None, "--lock", help="the pinned signers the receipts are judged by; "
+                                        "`verify` also runs against it. Default: this checkout's reference.lock "
+                                        "(./reference.lock or the working tree's root), never one that merely lies "
+                                        "beside the receipts"),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="only this target"),
     json_out: bool = typer.Option(False, "--json", help="print a summary as JSON instead of a sentence"),
 ) -> None:
     """Static HTML report: receipts verified, the ladder per slot, every round's gate, samples and verdict.
 
     Exit 2 when a receipt does not match its seal or `verify` finds a problem (the page still shows it)."""
+    from ..history.sealed import untrusted_hint
+    from ..history.trust import own_lock
     from ..report import build_report
 
     if not out.parent.is_dir():
@@ -30,8 +35,12 @@ def command(
     from .inputs import existing_dir, known_target
 
     existing_dir(rounds, "--rounds")
+    if lock is not None and not lock.is_file():
+        raise InputError(f"--lock {lock}: lock file not found",
+                         "pass the reference.lock whose signers judge the receipts, or leave --lock out")
+    lock = lock if lock is not None else own_lock()  # never a lock that only lies beside the receipts
     known_target(target, lock, rounds)  # a misspelled one would write an empty report
-    rep = build_report(rounds, lock if lock.is_file() else None, target)
+    rep = build_report(rounds, lock, target)
     atomic_write_text(out, rep.html, mode=0o644)  # a page to publish: readable by the web server, like any file
     bad = [r.path.name for r in rep.unverified]
     if json_out:
@@ -44,4 +53,6 @@ def command(
         raise NonCompliant(f"{len(bad)} receipt(s) do not match their seal, or no pinned key vouches for them "
                            f"({', '.join(bad) or 'none'}); verify: "
                            f"{len(rep.verify_problems)} problem(s) — the page marks them",
+                           untrusted_hint(rep.trust) if rep.trust.next_step() and any(
+                               r.seal == "UNTRUSTED" for r in rep.unverified) else
                            "run `scoreboard verify` and restore the named files from git")

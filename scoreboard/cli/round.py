@@ -175,8 +175,8 @@ def show_cmd(
     rounds: Path = typer.Option(Path("rounds"), "--rounds", help="receipts directory"),
     lock: Optional[Path] = typer.Option(None, "--lock",
                                         help="the pinned signers and the baseline slots (reference-drift warning); "
-                                             "default: the reference.lock beside the receipt's directory, else "
-                                             "./reference.lock"),
+                                             "default: this checkout's reference.lock (./reference.lock or the "
+                                             "working tree's root), never one that merely lies beside the receipt"),
     json_out: bool = typer.Option(False, "--json", help="print the receipt as JSON (= --format json)"),
     fmt: Optional[str] = typer.Option(None, "--format", metavar="table|json|csv|md",
                                       help="output format (json: the receipt; csv, md: the speed per metric and arm)"),
@@ -195,8 +195,9 @@ def show_cmd(
         raise InputError(f"--plot {plot}: directory {plot.parent} not found", "create it or pick another path")
     path = receipt_path(round_id, rounds)
     # the seal and its signer before anything is rendered: exit 2 when edited, unsealed or untrusted
-    # the lock the receipt is judged by: --lock, else the one beside its directory (where a repository keeps it),
-    # else the working directory's; a --lock that is not there is the caller's typo, not an untrusted receipt
+    # the lock the receipt is judged by: --lock, else this checkout's (history.trust.near: never one that only lies
+    # beside the receipt, which whoever handed it over could have put there); a --lock that is not there is the
+    # caller's typo, not an untrusted receipt
     if lock is not None and not lock.is_file():
         raise InputError(f"--lock {lock}: lock file not found",
                          "pass the reference.lock whose signers judge the receipt, or leave --lock out")

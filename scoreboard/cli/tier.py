@@ -46,9 +46,10 @@ def command(
     claim: Optional[float] = typer.Option(None, "--claim", help="a claimed value (tok/s) to label as a claim"),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="target id (with --claim)"),
     metric: str = typer.Option("scored", "--metric", help="with --claim: `scored`, `phase@depth` or a slot name"),
-    lock: Optional[Path] = typer.Option(None, "--lock", help="score with this lock's current policy "
-                                        "(default: the policy recorded in the receipt; --claim reads "
-                                        "reference.lock)"),
+    lock: Optional[Path] = typer.Option(None, "--lock", help="score with this lock's current policy and judge "
+                                        "the receipt's signer by its pins (default: the policy recorded in the "
+                                        "receipt, the pins of this checkout's reference.lock, never one that merely "
+                                        "lies beside the receipt; --claim reads reference.lock)"),
     json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Score a receipt (recomputed from raw samples) or a claimed number against the frontier. Exit 2 on REJECT
@@ -72,7 +73,10 @@ def command(
         # if measured (exit 2); one no pinned key vouches for is scored as a claim, said so, exit 2
         sealed = read_sealed(receipt)
         r = sealed.receipt
-        standing = near(receipt.parent, lock).standing(sealed.raw, "round")
+        if lock is not None and not lock.is_file():  # the caller's typo, not an untrusted receipt
+            raise InputError(f"--lock {lock}: lock file not found",
+                             "pass the reference.lock whose policy and signers judge the receipt, or leave --lock out")
+        standing = near(receipt.parent, lock).standing(sealed.raw, "round")  # --lock, else this checkout's pins
         tgt = load_lock(lock).target(r.target) if lock is not None else receipt_target(r)
         verdict = verdict_from_receipt(r, tgt)
         recorded = r.verdict.label if r.verdict else None

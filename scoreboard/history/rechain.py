@@ -218,8 +218,9 @@ class _Chainer:
 def rechain(rounds_dir: str | os.PathLike[str] = DEFAULT_ROUNDS,
             lock_path: str | os.PathLike[str] | None = None) -> Rechained:
     """Re-chain every receipt the ledger lacks, finish every interrupted raise, bring the lock to the ledger (the
-    module docstring says how each is proven). The pins are read from `lock_path`, else from the lock beside
-    rounds_dir (`trust.near`): a receipt no pinned key vouches for is never chained."""
+    module docstring says how each is proven). The pins are read from `lock_path`, else from the checkout's own
+    lock (`trust.near`, never one that merely lies beside rounds_dir): a receipt no pinned key vouches for is never
+    chained."""
     from ..lockfile import load_lock
     from .trust import near
 

@@ -80,8 +80,18 @@ def require_trusted(data: dict[str, Any], path: str | os.PathLike[str], trust: T
     if not standing.trusted:
         raise NonCompliant(f"{path}: UNTRUSTED receipt ({standing.why}); its verdict is not shown — a record no "
                            "pinned key vouches for is a claim, not a measurement",
-                           f"run `scoreboard verify --lock {trust.source}` (docs/signing.md: who may seal history)")
+                           untrusted_hint(trust))
     return standing
+
+
+def untrusted_hint(trust: Trust) -> str:
+    """The next command for a record `trust` does not vouch for: judging by the lock that came with the records,
+    when one did (only for a user who reviewed it), else checking history against the lock in use."""
+    check = (f"run `scoreboard verify --lock {trust.source}`" if trust.source else "pass --lock <the reference.lock "
+             "whose signers judge it>") + " (docs/signing.md: who may seal history)"
+    if trust.next_step():
+        return f"if you reviewed {trust.other}, judge by its pins: pass {trust.next_step()}; otherwise {check}"
+    return check
 
 
 def read_sealed(path: str | os.PathLike[str], trust: Trust | None = None) -> SealedReceipt:

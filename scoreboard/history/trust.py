@@ -21,7 +21,7 @@ receipt's fields; a frontier line is backed by what that receipt measured), whic
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -59,6 +59,7 @@ class Trust:
     pre_pin: Mapping[tuple[str, str], str] = field(default_factory=dict)
     source: str = "reference.lock"  # where the pins were read, for messages
     problem: str = ""  # non-empty: the pins could not be read at all (every record is untrusted)
+    other: str = ""  # a lock beside the records that was not used (named when a record is untrusted)
 
     @classmethod
     def of(cls, lock: Any, source: str | os.PathLike[str] = "reference.lock") -> "Trust":
@@ -70,13 +71,22 @@ class Trust:
     def unreadable(cls, why: str, source: str = "") -> "Trust":
         return cls({}, {}, source, why)
 
+    def next_step(self) -> str:
+        """The command-line option that judges the records by the lock beside them ("" when there is none, or it
+        is the one in use): for a user who reviewed that lock, never applied unasked."""
+        return f"--lock {self.other}" if self.other else ""
+
+    def _other_hint(self) -> str:
+        return (f" (beside the records lies another lock, {self.other}, whose pins were not used: if you reviewed "
+                f"it, pass {self.next_step()})") if self.other else ""
+
     def signer_of(self, public_key_b64: str) -> str | None:
         return next((sid for sid, key in self.signers.items() if key == public_key_b64), None)
 
     def standing(self, record: Mapping[str, Any], kind: RecordKind) -> Standing:
         """The record's standing under these pins (its seal is assumed checked: see module docstring)."""
         if self.problem:
-            return Standing("untrusted", why=f"no pinned signers could be read ({self.problem})")
+            return Standing("untrusted", why=f"no pinned signers could be read ({self.problem})" + self._other_hint())
         raw_seal = record.get("seal")
         seal: Mapping[str, Any] = raw_seal if isinstance(raw_seal, Mapping) else {}
         rid, digest = str(record.get(_ID_KEY[kind], "")), str(seal.get("sha256", ""))
@@ -91,27 +101,52 @@ class Trust:
             if sid is not None:
                 return Standing("signed", sid)
             return Standing("untrusted", why=f"signed by a key {self.source} does not pin ([signers]: public key "
-                                             f"{seal.get('public_key')}); only a box's pinned key seals history")
+                                             f"{seal.get('public_key')}); only a box's pinned key seals history"
+                                             + self._other_hint())
         if listed is not None:
             return Standing("untrusted", why=f"{self.source} lists {kind} {rid} as {PRE_PIN} with seal "
                                              f"{listed[:12]}…, but this record's seal is {digest[:12]}…")
         return Standing("untrusted", why=f"not signed, and not listed in {self.source} [sealed_before_pin]: a record "
-                                         "sealed after the signer pin must be signed by a pinned key")
+                                         "sealed after the signer pin must be signed by a pinned key"
+                                         + self._other_hint())
+
+
+def own_lock(start: str | os.PathLike[str] = ".") -> Path | None:
+    """The reference.lock of the checkout a command runs in: `start`/reference.lock, else the one at the root of
+    the git working tree `start` lies in (the nearest directory above holding .git); None when neither is there.
+    A lock in a directory between the two is not the checkout's: a directory of records handed over and unpacked
+    inside the checkout carries its own."""
+    here = Path(start).resolve()
+    if (here / "reference.lock").is_file():
+        return here / "reference.lock"
+    root = next((d for d in (here, *here.parents) if (d / ".git").exists()), None)
+    if root is not None and (root / "reference.lock").is_file():
+        return root / "reference.lock"
+    return None
 
 
 def near(rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str] | None = None) -> Trust:
-    """The pins a display of `rounds_dir` judges by: `lock_path`, else the reference.lock beside the rounds
-    directory (where the repository keeps it), else ./reference.lock. Never raises: pins that cannot be read
-    make every record untrusted, with the reason."""
+    """The pins a display of `rounds_dir` judges by: `lock_path`, else the lock of the checkout the command runs in
+    (`own_lock`). Never the lock that merely lies beside the records: whoever hands over a directory of records
+    can put a lock pinning their own key beside them, so a record is trusted only by the checkout's pins or by a
+    lock the user chose (passed as --lock). A lock beside the records that was not used is kept as `other`, so
+    that an untrusted record's reason names `--lock <it>`. Never raises: pins that cannot be read make every
+    record untrusted, with the reason."""
     from ..lockfile import load_lock
 
+    beside = Path(rounds_dir).resolve().parent / "reference.lock"
     if lock_path is None:
-        beside = Path(rounds_dir).resolve().parent / "reference.lock"
-        lock_path = beside if beside.is_file() else Path("reference.lock")
+        lock_path = own_lock()
+    other = str(beside) if beside.is_file() and (lock_path is None or beside.resolve() != Path(lock_path).resolve()) \
+        else ""
+    if lock_path is None:
+        return replace(Trust.unreadable("no reference.lock in the working directory or at the root of its git "
+                                        "working tree; pass --lock FILE"), other=other)
     try:
-        return Trust.of(load_lock(lock_path), lock_path)
+        trust = Trust.of(load_lock(lock_path), lock_path)
     except ScoreboardError as exc:
-        return Trust.unreadable(exc.message.splitlines()[0], str(lock_path))
+        trust = Trust.unreadable(exc.message.splitlines()[0], str(lock_path))
+    return replace(trust, other=other)
 
 
 def pinned_signing_key(lock: Any, lock_path: str | os.PathLike[str], forbidden_roots: list[Path]) -> str:
