@@ -124,11 +124,15 @@ SCAN_BV = 16  # value columns per chunk_scan program
 # (DOWN_TILE elements: 64 registers of weights and activations per thread at 8 warps, 128 at 4)
 WARPS = {"experts_down_sum": 8, "kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8, "grouped_mm": 8}
 STAGES = {"mla_split": 2, "mla_causal": 2, "grouped_mm": 3}  # software-pipelined loads in flight per loop (Triton's default 3)
-BLOCK_K = 512  # experts_in_situ's reduction step over the latent (f16 weights: 1 KB per row per step)
+# experts_in_situ's widest reduction step over the latent (f16 weights: 2 KB per row per step): in_situ_tile takes the
+# widest power of two up to it that divides the latent, so k3-gpu's 1024 is one step (all of a program's 2 x 16 rows
+# requested at once; at 512 the second step's loads waited for the first's) and k3-wide's 3584 seven steps of 512
+BLOCK_K = 1024
 # experts_down_sum's widest reduction step over F (down_sum_tile narrows it until one tile of every selected
 # expert's rows fits DOWN_TILE). At 128 the old per-expert loop kept LAT x 128 x 2 bytes in flight (256 KB on k3-gpu)
 # where an H200 wants a few MB; 1024 was the sweep's best
 BLOCK_KD = 1024
+IN_SITU_TILE_4_WARPS = 16384  # experts_in_situ: weight elements per step above which a program runs 8 warps
 DOWN_TILE = 16384  # experts_down_sum: weight elements per tile (16 K f16 = 32 KB in flight per program)
 
 
@@ -833,7 +837,8 @@ def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: 
     _experts_in_situ[(k, triton.cdiv(f, BLOCK_F))](
         x, w_in, sel, a, 1.0 / beta, 0.0 if linear_up else 1.0 / linear_beta,
         beta if linear_up else beta * linear_beta,
-        F=f, LAT=lat, LINEAR_UP=linear_up, BF=BLOCK_F, BK=BLOCK_K)
+        F=f, LAT=lat, LINEAR_UP=linear_up, BF=BLOCK_F, BK=(bk := in_situ_tile(lat)),
+        num_warps=8 if 2 * BLOCK_F * bk > IN_SITU_TILE_4_WARPS else 4)
     out = torch.empty(1, lat, dtype=torch.float32, device=xin.device)
     kp, bk = down_sum_tile(k, f)
     _experts_down_sum[(triton.cdiv(lat, BLOCK_L),)](
@@ -852,3 +857,12 @@ def down_sum_tile(k: int, f: int) -> tuple[int, int]:
     while bk > 16 and kp * BLOCK_L * bk > DOWN_TILE:
         bk //= 2
     return kp, bk
+
+
+def in_situ_tile(lat: int) -> int:
+    """experts_in_situ's reduction step over the latent: the widest power of two up to BLOCK_K that divides it (a
+    partial last step costs a whole one), at least 16."""
+    bk = BLOCK_K
+    while bk > 16 and lat % bk:
+        bk //= 2
+    return bk
