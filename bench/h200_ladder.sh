@@ -8,6 +8,8 @@
 # calibration builds the reference beside its own GPU workers (scoreboard.calibration_run), which hides the ~5-minute
 # build of a bare box under the instrument's arms. Then the PHASES, in the order given:
 #   cal       GPU_TARGET calibrated with CAL_SEEDS seeds;
+#   calext    CAL_SEEDS more seeds added to GPU_TARGET's latest calibration (`gate calibrate --extend`: a calibration
+#             measured over two leases; refused unless the record's engines/ code is main's);
 #   round     a sealed main round of GPU_TARGET at main as it then stands (the first on a target is its BASELINE;
 #             the same commit again, an A/A round);
 #   ladder    for each STEP: main fast-forwarded to it and a sealed main round of GPU_TARGET, scored against
@@ -40,7 +42,7 @@
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-ALL_PHASES="cal round ladder wide widestep profile sweep sandbox"
+ALL_PHASES="cal calext round ladder wide widestep profile sweep sandbox"
 [ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
 PHASES=${PHASES:-$DEFAULT_PHASES}
 for p in $PHASES; do
@@ -67,10 +69,11 @@ summary() {  # the verdict block of a round log, then its receipt and any error 
 RENEW=--renew-reference-anchor  # on every record until a round has completed (see above)
 go() { [ ! -f "$WORK/stop" ] || { stamp "stopped by $WORK/stop"; touch "$WORK/done"; exit 0; }; }
 head1() { git log --oneline -1 | cut -c1-100; }
-calibrate() {  # LOG TARGET SEEDS: a sealed calibration of TARGET's bars at main
-  go; stamp "$1: $2 calibration, $3 seeds"
-  python3 -m scoreboard gate calibrate --target "$2" --seeds "$3" $RENEW > "$WORK/$1.log" 2>&1
-  echo "$1 rc $?"; tail -25 "$WORK/$1.log"; snap
+calibrate() {  # LOG TARGET SEEDS [ARG...]: a sealed calibration of TARGET's bars at main
+  local log=$1 t=$2 n=$3; shift 3
+  go; stamp "$log: $t calibration, $n seeds $*"
+  python3 -m scoreboard gate calibrate --target "$t" --seeds "$n" "$@" $RENEW > "$WORK/$log.log" 2>&1
+  echo "$log rc $?"; tail -25 "$WORK/$log.log"; snap
 }
 round() {  # LOG TARGET: a sealed main round of TARGET at main
   go; stamp "$1: $2 round at $(head1)"
@@ -87,6 +90,7 @@ advance() {  # I: main fast-forwarded to STEP I (1-based); fails when main has i
   go; git merge -q --ff-only "$s" || { echo "step$1: fast-forward to $s failed"; return 1; }
 }
 phase_cal() { calibrate cal "$GPU_TARGET" "$CAL_SEEDS"; }
+phase_calext() { calibrate cal-ext "$GPU_TARGET" "$CAL_SEEDS" --extend; }
 ROUNDS=0
 phase_round() { ROUNDS=$((ROUNDS + 1)); round "round$ROUNDS-$(git rev-parse --short HEAD)" "$GPU_TARGET"; }
 phase_ladder() {

@@ -502,6 +502,8 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
                 problems.append((f"{cp}:{n}", "prev_sha256", f"{path} was sealed after a different chain line"))
             if (data.get("separation") or {}).get("separated") != line.separated:
                 problems.append((f"{cp}:{n}", "separated", f"differs from {path} separation.separated"))
+            if "extends" in data:
+                problems += [(str(path), *_split(p)) for p in extension_problems(rounds, data, named)]
     recs_dir = rounds / RECORDS_DIR
     for p in sorted(recs_dir.glob("*.json")) if recs_dir.is_dir() else []:
         if p.stem not in named:
@@ -526,3 +528,136 @@ def verify_problems(rounds_dir: str | os.PathLike[str], trusted: Any = None,
 def _split(p: str) -> tuple[str, str]:
     head, _, tail = p.partition(": ")
     return (head, tail) if tail else ("<root>", p)
+
+
+# ----------------------------------------------------------------------------------------------
+# extending a calibration by more seeds (`gate calibrate --extend`): a calibration too long for one lease of a box
+# is measured in parts, each sealed, each part's record holding every earlier seed's runs as they were sealed
+
+# what must be the same for seeds measured apart to be one calibration: the instrument's and the reference's
+# identities as their engines report them (options, dtype, kernels, torch), the noise pair and the fault list
+_SAME_ACROSS_PARTS = ("faults",)
+
+
+def extension_base(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str],
+                   engines_tree_then: Callable[[str], str | None], engines_tree_now: str,
+                   ) -> tuple[dict[str, Any], ChainLine]:
+    """The calibration `--extend` adds seeds to: the target's latest record, sealed by a key the lock pins, made
+    against the target's current definition, by an instrument whose code (the git tree of engines/ at the record's
+    instrument commit, `engines_tree_then(commit)`) is the tree measuring now. InputError naming what differs, before
+    anything runs. The latest record is read through the chain and its seal (latest_calibration); rounds/ is the
+    harness's own history, which no candidate process writes."""
+    from .history.trust import Trust
+
+    fresh = f"calibrate afresh: `scoreboard gate calibrate -t {target_id}` without --extend"
+    found = latest_calibration(rounds_dir, target_id)
+    if found is None:
+        raise InputError(f"--extend: target {target_id!r} has no calibration in {chain_path(rounds_dir)} to extend",
+                         fresh)
+    rec, line = found
+    rid = rec["calibration_id"]
+    standing = Trust.of(lock, lock_path).standing(rec, "calibration")
+    if not standing.trusted:
+        raise InputError(f"--extend: the latest calibration {rid} is UNTRUSTED ({standing.why}): seeds are added only "
+                         "to a record a pinned key sealed", fresh)
+    if rec.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"--extend: {rid} is calibration format {rec.get('format_version')}, this harness writes "
+                         f"{FORMAT_VERSION}", fresh)
+    then, now = comparable_definition(rec["definition"]), definition(lock, target_id)
+    if definition_sha256(then) != definition_sha256(now):
+        raise InputError(f"--extend: {rid} was made against a different definition of {target_id!r}:\n  "
+                         + "\n  ".join(definition_changes(then, now)[:12]), fresh)
+    who = rec.get("instrument") or {}
+    commit = str(who.get("commit", ""))
+    # a git arm ran a clean export of its commit (its code is that commit's tree whatever the checkout held); a
+    # working tree's code is known to no commit. Records before `kind` was recorded: a dirty checkout counts as one
+    if who.get("kind", "git" if not who.get("dirty") else "path") != "git":
+        raise InputError(f"--extend: {rid} was measured from a working tree ({who.get('label')}): its code is no "
+                         "commit's", fresh)
+    tree = engines_tree_then(commit) if commit else None
+    if tree is None:
+        raise InputError(f"--extend: the commit {rid} was measured at ({commit[:12] or 'none recorded'}) is not in this "
+                         "repository, so its instrument's code cannot be compared with this one's", fresh)
+    if not engines_tree_now or tree != engines_tree_now:
+        raise InputError(f"--extend: the engines' code changed since {rid} (engines/ at {commit[:12]} is tree "
+                         f"{tree[:12]}, the instrument now {engines_tree_now[:12] or 'a working tree'}): seeds "
+                         "measured by different code are not one calibration", fresh)
+    return rec, line
+
+
+def part_changes(base: Mapping[str, Any], part: Mapping[str, Any]) -> list[str]:
+    """How a new part's record differs from the base in what must be the same across parts: the instrument's
+    identity (engine, options, kernels, torch) and options, the noise pair and each noise arm's identity, the
+    reference's identity apart from its build's files (a bare box rebuilds them, byte-different: docs/reference-pin.md),
+    every fault's identity, the fault list. [] = the part may join the base."""
+    out: list[str] = []
+
+    def cmp(what: str, a: Any, b: Any) -> None:
+        if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
+            out.append(f"{what}: {json.dumps(a, sort_keys=True)[:160]} -> {json.dumps(b, sort_keys=True)[:160]}")
+
+    bi, pi = base.get("instrument") or {}, part.get("instrument") or {}
+    cmp("instrument.identity", bi.get("identity"), pi.get("identity"))
+    cmp("instrument.options", bi.get("options"), pi.get("options"))
+    cmp("noise_floor", {k: v for k, v in (base.get("noise_floor") or {}).items()},
+        {k: v for k, v in (part.get("noise_floor") or {}).items()})
+    cmp("fault_identities", base.get("fault_identities"), part.get("fault_identities"))
+    for key in _SAME_ACROSS_PARTS:
+        cmp(key, base.get(key), part.get(key))
+
+    def ref(r: Mapping[str, Any]) -> dict[str, Any]:
+        ident = dict((r.get("identity") or {}))
+        ident.pop("binaries", None)
+        extra = dict(ident.get("extra") or {})
+        extra.pop("build_anchor", None)
+        ident["extra"] = extra
+        return {"engine": r.get("engine"), "identity": ident}
+
+    cmp("reference", ref(base.get("reference") or {}), ref(part.get("reference") or {}))
+    cmp("engine", base.get("engine"), part.get("engine"))
+    return out
+
+
+def join_parts(base: Mapping[str, Any], line: ChainLine, part: Mapping[str, Any]) -> dict[str, Any]:
+    """The new part's record (its own seeds' runs, its own instrument and reference as measured now) as one
+    calibration with the base: seeds and runs are the base's, exactly as sealed, then the part's; `extends` names
+    the base record (its id, file and seal digests, how many seeds it held) and keeps the base's own instrument,
+    reference and stage times. The summary is recomputed over every seed; the caller grades the separation."""
+    out = json.loads(json.dumps(dict(part)))
+    n = len(base["seeds"])
+    out["seeds"] = list(base["seeds"]) + list(part["seeds"])
+    out["runs"] = json.loads(json.dumps(list(base["runs"]))) + list(out["runs"])
+    out["extends"] = {"calibration_id": base["calibration_id"], "record_sha256": line.record_sha256,
+                      "seal_sha256": line.seal_sha256, "seeds": n,
+                      "parts": list((base.get("extends") or {}).get("parts") or [base["calibration_id"]]),
+                      "base_instrument": base.get("instrument"), "base_reference": base.get("reference"),
+                      "base_stage_seconds": base.get("stage_seconds")}
+    out["summary"] = summary(out)
+    return out
+
+
+def extension_problems(rounds_dir: Path, data: Mapping[str, Any], named: Mapping[str, ChainLine]) -> list[str]:
+    """A record that `extends` another: the base must be an earlier line of the chain with the digests the record
+    names, and the record's first seeds and runs must be the base's exactly as sealed."""
+    ext = data.get("extends")
+    if not isinstance(ext, Mapping):
+        return ["extends: must be an object"] if ext is not None else []
+    bid = str(ext.get("calibration_id", ""))
+    line = named.get(bid)
+    if line is None:
+        return [f"extends.calibration_id: {bid!r} is not on an earlier line of the chain"]
+    if (ext.get("record_sha256"), ext.get("seal_sha256")) != (line.record_sha256, line.seal_sha256):
+        return [f"extends: the digests named for {bid} are not its chain line's"]
+    try:
+        base = json.loads(record_path(rounds_dir, bid).read_bytes())
+    except (OSError, ValueError) as exc:
+        return [f"extends: {bid} cannot be read ({exc})"]
+    n = int(ext.get("seeds", -1))
+    problems = []
+    if n != len(base.get("seeds") or []) or list(data.get("seeds") or [])[:n] != list(base.get("seeds") or []):
+        problems.append(f"seeds: the first {n} are not {bid}'s seeds")
+    if json.dumps(list(data.get("runs") or [])[:n], sort_keys=True) != json.dumps(base.get("runs"), sort_keys=True):
+        problems.append(f"runs: the first {n} are not {bid}'s runs as sealed")
+    if data.get("target") != base.get("target") or data.get("definition_sha256") != base.get("definition_sha256"):
+        problems.append(f"extends: {bid} calibrates another target or definition")
+    return problems

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, Iterable, cast
 
 import numpy as np
 
 from . import instrument as inst
 from .cache import cache_dir as default_cache_dir
-from .calibrate import (FORMAT_VERSION, _forbidden_roots, definition, definition_sha256, file_bytes,
-                        new_calibration_id, noise_pair, read_chain, separation_problems, summary, write_record)
+from .calibrate import (FORMAT_VERSION, _forbidden_roots, definition, definition_sha256, extension_base,
+                        file_bytes, join_parts, new_calibration_id, noise_pair, part_changes, read_chain,
+                        separation_problems, summary, write_record)
 from .errors import InputError
 from .history.receipt import utc_now
 from .lockfile import Target, lock_digest, load_lock
@@ -57,6 +59,9 @@ class CalibrationOptions:
     # the candidate engine's own repository (a plugin): its faults and precisions are measured from its main
     engine_repo: Path | None = None
     repo: Path | None = None  # the git repository whose commits --candidate names (None: the harness's checkout)
+    # add the seeds to the target's latest calibration (calibrate.extension_base) instead of calibrating afresh: the
+    # sealed record then holds that record's seeds and runs as sealed, then these
+    extend: bool = False
 
 
 @dataclass
@@ -113,13 +118,36 @@ def run_calibration(opts: CalibrationOptions, report: Report = _noop) -> Calibra
         sandbox.remove_tree(scratch)
 
 
-def _seeds(opts: CalibrationOptions) -> list[int]:
-    """first_seed.., else unpredictable: a round's seed is secrets.randbits(31), the calibration samples that space."""
+def _seeds(opts: CalibrationOptions, taken: Iterable[int] = ()) -> list[int]:
+    """first_seed.., else unpredictable: a round's seed is secrets.randbits(31), the calibration samples that space;
+    never one of `taken` (the seeds of the calibration being extended)."""
     if opts.seeds < 1:
         raise InputError(f"--seeds {opts.seeds}: must be at least 1", "20 seeds is the default; 2 is a smoke test")
+    used = set(taken)
     if opts.first_seed is not None:
-        return [opts.first_seed + i for i in range(opts.seeds)]
-    return secrets.SystemRandom().sample(range(1 << 31), opts.seeds)
+        given = [opts.first_seed + i for i in range(opts.seeds)]
+        again = sorted(used.intersection(given))
+        if again:
+            raise InputError(f"--first-seed {opts.first_seed}: seeds {again[:8]} are already in the calibration being "
+                             "extended", "pick a --first-seed past them, or leave it out (unpredictable seeds)")
+        return given
+    rng = secrets.SystemRandom()
+    seeds: list[int] = []
+    while len(seeds) < opts.seeds:
+        s = rng.randrange(1 << 31)
+        if s not in used:
+            used.add(s)
+            seeds.append(s)
+    return seeds
+
+
+def _engines_tree(repo: Path) -> Any:
+    """commit -> the git tree hash of engines/ at that commit in `repo` (None when git does not have it)."""
+    def tree(commit: str) -> str | None:
+        done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}:engines"], cwd=repo,
+                              capture_output=True, text=True)
+        return done.stdout.strip() or None if done.returncode == 0 else None
+    return tree
 
 
 def _check_sealable(opts: CalibrationOptions, lock: Any) -> None:
@@ -170,7 +198,6 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) 
     from .round.run import Round, RoundOptions, Sources, preflight_checks, with_reference
     from .round.stages import GateStage, Preflight
 
-    seeds = _seeds(opts)
     lock = load_lock(opts.lock_path)
     target = lock.target(opts.target)
     view = inst.instrument_view(lock, opts.target)  # the target as the instrument's workers run it
@@ -181,13 +208,19 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) 
         reserve.hold([opts.rounds_dir], RESERVE_MIN_BYTES)
     t_start, created = time.perf_counter(), utc_now()
     stage_seconds: dict[str, float] = {}
+    repo = opts.repo or cand_mod.HARNESS_ROOT
+    source = cand_mod.resolve(opts.candidate, scratch, repo, lock.main_branch)
+    base_rec = None
+    if opts.extend:  # refused here, before any engine runs, unless the seeds can join that record
+        base_rec = extension_base(lock, opts.target, opts.rounds_dir, opts.lock_path, _engines_tree(repo),
+                                  source.engines_tree if source.kind == "git" else "")
+    seeds = _seeds(opts, base_rec[0]["seeds"] if base_rec else ())
     round_opts = RoundOptions(target=opts.target, lock_path=opts.lock_path, candidate=opts.candidate, seed=seeds[0],
                               seal=False, rounds_dir=opts.rounds_dir, cache_dir=opts.cache_dir,
                               allow_node_mismatch=opts.allow_node_mismatch, require_calibration=False,
                               renew_reference_anchor=opts.renew_reference_anchor)
     opts.cache_dir.mkdir(parents=True, exist_ok=True)
     report("stage", name="instrument")
-    source = cand_mod.resolve(opts.candidate, scratch, opts.repo or cand_mod.HARNESS_ROOT, lock.main_branch)
     suite = _engine_suite(opts, target, scratch, lock.main_branch, source)
     rnd = Round(round_opts, view, report, scratch, Sources(source))
     report("stage", name="preflight")
@@ -241,6 +274,12 @@ def _run(opts: CalibrationOptions, report: Report, scratch: Path, reserve: Any) 
     runs = [_grade(gate, r, i, logits, noise, suite) for i, r in enumerate(rows)]
     record = _record(opts, lock, target, created, seeds, source, rnd, base, noise, suite, identities, runs,
                      stage_seconds)
+    if base_rec is not None:
+        changed = part_changes(base_rec[0], record)
+        if changed:  # measured, so kept: sealed as a calibration of these seeds alone, saying why it stands apart
+            record["extension_refused"] = {"calibration_id": base_rec[0]["calibration_id"], "changes": changed}
+        else:
+            record = join_parts(base_rec[0], base_rec[1], record)
     problems = separation_problems(record, target.gate)
     record["separation"] = {"separated": not problems, "problems": problems}
     record["stage_seconds"]["total"] = round(time.perf_counter() - t_start, 3)
@@ -352,7 +391,8 @@ def _record(opts: CalibrationOptions, lock: Any, target: Target, created: str, s
         "seeds": seeds,
         # what measured: the bundled instrument at a commit of this harness's repository (never a candidate's)
         "instrument": {"engine": inst.INSTRUMENT, "label": source.label, "commit": source.commit,
-                       "dirty": source.dirty, "is_main": source.is_main, "options": dict(base.options),
+                       "dirty": source.dirty, "is_main": source.is_main, "kind": source.kind,
+                       "engines_tree": source.engines_tree, "options": dict(base.options),
                        "identity": identities["correct"]},
         "reference": {"engine": target.reference_engine, "identity": rnd.reference.identity if rnd.reference else {}},
         "noise_floor": {**noise, "identities": {n: identities[n] for n in identities if n.startswith("dtype:")}},

@@ -264,6 +264,18 @@ def test_calibrate_k3_mini_cpu_with_two_seeds_seals_a_record_a_round_relies_on(l
     assert r["calibration"]["calibration_id"] == rec["calibration_id"]
     assert r["calibration"]["record_sha256"] == line.record_sha256
     assert r["gate"]["pass"]
+    # a second part (another lease of the box): one more seed added to this record, refused before anything runs
+    # when its seeds repeat the record's, then measured, joined and sealed
+    more = dict(target=TARGET, lock_path=lock, seeds=1, rounds_dir=rounds, cache_dir=default_cache(), extend=True)
+    with pytest.raises(InputError, match="already in the calibration being extended"):
+        run_calibration(CalibrationOptions(**more, first_seed=41))
+    assert latest_calibration(rounds, TARGET)[0]["calibration_id"] == rec["calibration_id"]  # nothing written
+    ext = run_calibration(CalibrationOptions(**more, first_seed=50)).record
+    assert "extension_refused" not in ext, ext.get("extension_refused")
+    assert ext["seeds"] == [40, 41, 50] and [run["seed"] for run in ext["runs"]] == [40, 41, 50]
+    assert ext["runs"][:2] == got["runs"] and ext["extends"]["calibration_id"] == rec["calibration_id"]
+    assert ext["separation"]["separated"] and verify(lock, rounds).ok
+    assert check_calibration(load_lock(lock), TARGET, rounds)["seeds"] == 3
 
 
 def test_a_failed_reference_preparation_stops_the_instruments_workers_and_writes_nothing(lock, tmp_path,
@@ -471,3 +483,122 @@ def test_the_pooled_noise_floor_allows_one_percent_of_the_rows_it_pools():
     k3-gpu-long-h200 calibration of 2026-12-02 met at depth 4096 failed it (0.9896 < 0.99)."""
     assert noise_flips_allowed(20, 32) == 6 and noise_flips_allowed(6, 32) == 1 and noise_flips_allowed(2, 32) == 0
     assert 1 - 2 / 192 < 0.99 <= 1 - noise_flips_allowed(6, 32) / 192
+
+
+# ----------------------------------------------------------------------------------------------
+# --extend: a calibration measured in parts (several leases of a box), each part's record holding the earlier seeds
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _based(lock: Path, seeds: tuple[int, ...] = (1, 2), **kw) -> dict:
+    rec = synthetic(lock, seeds=seeds, **kw)
+    rec["instrument"].update(commit=_head(), dirty=False)
+    return rec
+
+
+def _trees(now: str | None = None):
+    from scoreboard.calibration_run import _engines_tree
+
+    then = _engines_tree(REPO)
+    return then, (then(_head()) if now is None else now)
+
+
+def test_extend_refuses_before_anything_runs_unless_the_seeds_can_join(lock, tmp_path):
+    from scoreboard.calibrate import extension_base
+
+    rounds = tmp_path / "rounds"
+    lk = load_lock(lock)
+    then, now = _trees()
+    with pytest.raises(InputError, match="has no calibration .* to extend") as info:
+        extension_base(lk, TARGET, rounds, lock, then, now)
+    assert "without --extend" in (info.value.hint or "")
+    write_record(_based(lock), rounds)
+    rec, line = extension_base(lk, TARGET, rounds, lock, then, now)
+    assert rec["seeds"] == [1, 2] and line.calibration_id == rec["calibration_id"]
+    # the engines' code moved since the record (a step landed between two leases): not one instrument
+    with pytest.raises(InputError, match="engines' code changed since"):
+        extension_base(lk, TARGET, rounds, lock, then, "0" * 40)
+    with pytest.raises(InputError, match="engines' code changed since"):
+        extension_base(lk, TARGET, rounds, lock, then, "")  # a working tree measuring: its code is not a commit's
+    # a record whose instrument commit this repository lacks, or one measured from a working tree
+    for change in ({"commit": "f" * 40}, {"commit": ""}, {"dirty": True}, {"kind": "path"}):
+        other = tmp_path / f"r{len(change)}{sorted(change)[0]}"
+        rec2 = _based(lock)
+        rec2["instrument"].update(change)
+        write_record(rec2, other)
+        with pytest.raises(InputError, match="not in this repository|from a working tree"):
+            extension_base(lk, TARGET, other, lock, then, now)
+    # the target's bars moved: the old seeds were graded against another definition
+    doc = tomlkit.parse(lock.read_text())
+    doc["targets"][TARGET]["gate"]["kl_max"] = 0.002
+    lock.write_text(tomlkit.dumps(doc))
+    with pytest.raises(InputError, match="different definition") as info:
+        extension_base(load_lock(lock), TARGET, rounds, lock, then, now)
+    assert "kl_max" in info.value.message
+
+
+def test_extend_refuses_a_base_no_pinned_key_sealed(lock, tmp_path):
+    """The attack: hand over a calibration chain sealed by an unpinned key and extend it, so that its forged
+    seeds ride along into a record the box's pinned key then signs."""
+    from scoreboard.calibrate import extension_base
+    from scoreboard.history.seal import generate_keypair
+
+    rounds = tmp_path / "rounds"
+    foreign, _ = generate_keypair(tmp_path / "keys" / "foreign.key")
+    write_record(_based(lock), rounds, signing_key=foreign, forbidden_roots=[])
+    then, now = _trees()
+    with pytest.raises(InputError, match="UNTRUSTED"):
+        extension_base(load_lock(lock), TARGET, rounds, lock, then, now)
+
+
+def test_joined_parts_verify_and_a_laundered_base_does_not(lock, tmp_path):
+    from scoreboard.calibrate import join_parts, part_changes
+
+    rounds = tmp_path / "rounds"
+    write_record(_based(lock), rounds)
+    base, line = latest_calibration(rounds, TARGET)
+    part = _based(lock, seeds=(7,))
+    assert part_changes(base, part) == []
+    joined = join_parts(base, line, part)
+    assert joined["seeds"] == [1, 2, 7] and [r["seed"] for r in joined["runs"]] == [1, 2, 7]
+    assert joined["extends"]["calibration_id"] == base["calibration_id"] and joined["extends"]["seeds"] == 2
+    assert summary(joined) == joined["summary"]
+    joined["separation"] = {"separated": True, "problems": []}
+    write_record(joined, rounds)
+    assert verify(lock, rounds).ok
+    got, _ = latest_calibration(rounds, TARGET)
+    assert check_calibration(load_lock(lock), TARGET, rounds)["seeds"] == 3 and got["extends"]["seeds"] == 2
+    # the attack: a part whose copy of the base's seeds was changed before sealing (a fault's KL raised on seed 1)
+    # is sealed by the pinned key, so its seal holds; verify compares the copy with the base as sealed
+    forged = join_parts(base, line, _based(lock, seeds=(8,)))
+    forged["runs"][0]["faults"]["mla_as_mqa"][0]["kl_mean"] = 9.0
+    forged["separation"] = {"separated": True, "problems": []}
+    path = write_record(forged, rounds)
+    report = verify(lock, rounds)
+    assert not report.ok
+    assert any(Path(p.file).name == path.name and p.field == "runs" and "as sealed" in p.message
+               for p in report.problems), report.problems
+    # a part that names a base the chain does not hold earlier
+    ghost = join_parts(base, line, _based(lock, seeds=(9,)))
+    ghost["extends"]["calibration_id"] = "cal-20990101T000000Z-k3-mini-cpu-00000000"
+    ghost["separation"] = {"separated": True, "problems": []}
+    gpath = write_record(ghost, rounds)
+    assert any(Path(p.file).name == gpath.name and p.field == "extends.calibration_id"
+               for p in verify(lock, rounds).problems)
+
+
+def test_a_part_measured_by_another_instrument_stands_apart():
+    from scoreboard.calibrate import part_changes
+
+    base = {"instrument": {"identity": {"extra": {"kernels": "triton 3.6.0: a"}}, "options": {"dtype": "float16"}},
+            "reference": {"engine": "llamacpp", "identity": {"binaries": {"x": "1"}, "extra": {"build_anchor": {}}}},
+            "noise_floor": {"precise": "float32", "coarse": "float16"}, "faults": ["a"], "fault_identities": {}}
+    same_but_rebuilt = json.loads(json.dumps(base))
+    same_but_rebuilt["reference"]["identity"]["binaries"] = {"x": "2"}  # nvcc's output differs per box
+    same_but_rebuilt["reference"]["identity"]["extra"]["build_anchor"] = {"renewed": True}
+    assert part_changes(base, same_but_rebuilt) == []
+    other = json.loads(json.dumps(base))
+    other["instrument"]["identity"]["extra"]["kernels"] = "torch: triton unavailable"
+    assert [c.split(":")[0] for c in part_changes(base, other)] == ["instrument.identity"]

@@ -33,6 +33,11 @@ def calibrate_cmd(
                              help="rounds directory: the record goes to OUT/calibrations/, its line to "
                                   "OUT/calibrations.jsonl"),
     seal: bool = typer.Option(True, "--seal/--no-seal", help="write the sealed record and its chain line"),
+    extend: bool = typer.Option(False, "--extend",
+                                help="add the --seeds to the target's latest calibration (sealed by a pinned key, "
+                                     "the same definition, the same engines/ code) instead of calibrating afresh: "
+                                     "the new record holds its seeds and runs as sealed, then these (a calibration "
+                                     "measured over several leases of a box)"),
     json_out: bool = typer.Option(False, "--json", help="print the record as JSON"),
     renew_reference_anchor: bool = typer.Option(
         False, "--renew-reference-anchor",
@@ -49,10 +54,11 @@ def calibrate_cmd(
     positive(seeds, "--seeds", "seeds")
     positive(first_seed, "--first-seed", "(a seed)", zero_means="seeds 0..N-1")
 
-    _few_seeds_note(lock, target, seeds)
+    if not extend:
+        _few_seeds_note(lock, target, seeds)
     opts = CalibrationOptions(target=target, lock_path=lock, candidate=candidate, seeds=seeds, first_seed=first_seed,
                               rounds_dir=out, cache_dir=_cache_dir(), seal=seal,
-                              renew_reference_anchor=renew_reference_anchor, engine_repo=engine_repo)
+                              renew_reference_anchor=renew_reference_anchor, engine_repo=engine_repo, extend=extend)
     reporter = RichReporter()
     try:
         outcome = run_calibration(opts, reporter)
@@ -68,6 +74,16 @@ def calibrate_cmd(
         render(outcome.record)
         if outcome.path:
             console.print(f"record: {outcome.path}")
+    refused = outcome.record.get("extension_refused")
+    if refused:  # measured and sealed on its own seeds: say why it could not join, and what to run
+        err_console.print(f"[yellow]not extended[/]: these seeds differ from {refused['calibration_id']} in what one "
+                          "calibration must share, so they were sealed as a calibration of their own:\n  "
+                          + "\n  ".join(refused["changes"][:8])
+                          + f"\nnext: `scoreboard gate calibrate -t {target}` (afresh, 20 seeds)", highlight=False)
+    elif outcome.record.get("extends"):
+        ext = outcome.record["extends"]
+        console.print(f"extends {ext['calibration_id']} ({ext['seeds']} seed(s)) to {len(outcome.record['seeds'])} "
+                      "seed(s)", highlight=False)
     raise typer.Exit(0 if outcome.separated else 2)
 
 
@@ -99,6 +115,12 @@ def render(rec: dict[str, Any]) -> None:
                   f"{len(rec['seeds'])} seed(s)  instrument {who.get('engine', '?')} {who.get('label', '?')} "
                   f"{str(who.get('commit', ''))[:12]}  ({rec.get('stage_seconds', {}).get('total', 0):.0f} s)",
                   highlight=False)
+    ext = rec.get("extends")
+    if ext:
+        base = ext.get("base_instrument") or {}
+        console.print(f"  its first {ext['seeds']} seed(s) as sealed in {ext['calibration_id']} (instrument at "
+                      f"{str(base.get('commit', ''))[:12]}), the other {len(rec['seeds']) - ext['seeds']} measured "
+                      f"{rec['created_at']}", highlight=False)
     engine = rec.get("engine")
     if engine:
         console.print(_engine_line(engine), highlight=False)
