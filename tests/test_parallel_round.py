@@ -357,3 +357,41 @@ def test_a_sealed_round_of_the_two_rank_candidate(ep2_lock, tmp_path):
         assert len(m["arms"]["candidate"]["blocks"]) == 2
     assert r["verdict"]["label"] == "BASELINE"
     assert verify_all(ep2_lock, tmp_path / "rounds").ok
+
+
+# torchrun's summary when rank 0 is the first failure it observed (it aborted on its peer's death) and rank 1 the
+# rank that died: the log line before the summary names "local_rank: 0" too (a CI run on 2026-12-02 under load)
+_SUMMARY_ROOT_0 = """\
+E1202 20:28:18.339000 2 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) \
+local_rank: 0 (pid: 7) of binary: /usr/bin/python3
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+scoreboard.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_20:28:18
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 9 (pid: 8)
+  error_file: <N/A>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_20:28:18
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 7)  (SIGABRT)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_each_rank_gets_its_own_exit_code_from_torchruns_summary():
+    """The pattern once paired torchrun's "local_rank: 0" log line with rank 1's exit code, so a dead rank 1 read
+    "no exit code reported" whenever rank 0 happened to be the first failure torchrun observed."""
+    from scoreboard.round.launch import _TORCHRUN_FAILURE
+
+    assert {int(r): int(c) for r, c in _TORCHRUN_FAILURE.findall(_SUMMARY_ROOT_0)} == {1: 9, 0: -6}
+    root = _TORCHRUN_FAILURE.search(_SUMMARY_ROOT_0, _SUMMARY_ROOT_0.find("Root Cause"))
+    assert root is not None and (root.group(1), root.group(2)) == ("0", "-6")

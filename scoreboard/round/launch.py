@@ -290,7 +290,11 @@ def _world(target: EngineTarget) -> str:
 # what a rank reports when a peer went away: a consequence, never the root cause
 _PEER = re.compile(r"connection (reset|closed) by peer|broken pipe|socket closed|communicator was aborted|"
                    r"ncclRemoteError|remote process exited|DistNetworkError", re.IGNORECASE)
-_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
+# one failure block of torchrun's summary: a line "  rank : N (local_rank: M)", the next "  exitcode : C (pid: P)".
+# Line-anchored: torchrun's own log line before the summary ("failed (exitcode: -6) local_rank: 0 (pid: 7) ...") names
+# a local_rank too, and a pattern free to span lines paired it with the next block's exit code (rank 0 with rank 1's 9)
+_TORCHRUN_FAILURE = re.compile(r"^[ \t]*rank[ \t]*:[ \t]*(\d+)[^\n]*\n[ \t]*exitcode[ \t]*:[ \t]*(-?\d+)",
+                               re.MULTILINE)
 
 
 def _result(res: Path, world: int, log_text: str = "") -> WorkerResult | None:
