@@ -29,6 +29,9 @@
 # tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
 # PROFILE_ARGS_BESIDE) of the engine at COMMIT, from a worktree of the clone: the GPU is idle during the build. The
 # profile is a diagnosis (in-process clock, no gate, no seal, the CPU shared with the build), never a result.
+# profile, sweep and BESIDE run this repository's engine at the job's commits outside the sandbox, as root, on the box
+# that holds the signing key (a diagnosis, never a round): give the job only reviewed commits of main, never a pull
+# request's (a PR is scored by `scoreboard tier`, whose code runs sandboxed).
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every

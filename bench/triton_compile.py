@@ -65,8 +65,8 @@ def cases(name: str) -> list[Case]:
                 {"x_ptr": P, "w_ptr": H, "sel_ptr": I64, "out_ptr": P, "inv_beta": "fp32", "inv_lb": "fp32",
                  "beta_lb": "fp32", "F": "constexpr", "LAT": "constexpr", "LINEAR_UP": "constexpr", "BF": "constexpr",
                  "BK": "constexpr"},
-                {"F": f, "LAT": lat, "LINEAR_UP": False, "BF": K.BLOCK_F, "BK": K.in_situ_tile(lat)},
-                8 if 2 * K.BLOCK_F * K.in_situ_tile(lat) > K.IN_SITU_TILE_4_WARPS else 4))
+                {"F": f, "LAT": lat, "LINEAR_UP": False, "BF": K.BLOCK_F, "BK": K.in_situ_tile(lat)[0]},
+                K.in_situ_tile(lat)[1]))
     out.append(("experts_down_sum", K._experts_down_sum,
                 {"a_ptr": P, "w_ptr": H, "sel_ptr": I64, "wts_ptr": P, "out_ptr": P, "K_USED": "constexpr",
                  "KP": "constexpr", "F": "constexpr", "LAT": "constexpr", "BL": "constexpr", "BK": "constexpr"},

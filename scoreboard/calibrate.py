@@ -534,10 +534,6 @@ def _split(p: str) -> tuple[str, str]:
 # extending a calibration by more seeds (`gate calibrate --extend`): a calibration too long for one lease of a box
 # is measured in parts, each sealed, each part's record holding every earlier seed's runs as they were sealed
 
-# what must be the same for seeds measured apart to be one calibration: the instrument's and the reference's
-# identities as their engines report them (options, dtype, kernels, torch), the noise pair and the fault list
-_SAME_ACROSS_PARTS = ("faults",)
-
 
 def extension_base(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str], lock_path: str | os.PathLike[str],
                    engines_tree_then: Callable[[str], str | None], engines_tree_now: str,
@@ -599,10 +595,7 @@ def part_changes(base: Mapping[str, Any], part: Mapping[str, Any]) -> list[str]:
     bi, pi = base.get("instrument") or {}, part.get("instrument") or {}
     cmp("instrument.identity", bi.get("identity"), pi.get("identity"))
     cmp("instrument.options", bi.get("options"), pi.get("options"))
-    cmp("noise_floor", {k: v for k, v in (base.get("noise_floor") or {}).items()},
-        {k: v for k, v in (part.get("noise_floor") or {}).items()})
-    cmp("fault_identities", base.get("fault_identities"), part.get("fault_identities"))
-    for key in _SAME_ACROSS_PARTS:
+    for key in ("noise_floor", "fault_identities", "faults", "engine"):
         cmp(key, base.get(key), part.get(key))
 
     def ref(r: Mapping[str, Any]) -> dict[str, Any]:
@@ -614,7 +607,6 @@ def part_changes(base: Mapping[str, Any], part: Mapping[str, Any]) -> list[str]:
         return {"engine": r.get("engine"), "identity": ident}
 
     cmp("reference", ref(base.get("reference") or {}), ref(part.get("reference") or {}))
-    cmp("engine", base.get("engine"), part.get("engine"))
     return out
 
 
@@ -629,7 +621,8 @@ def join_parts(base: Mapping[str, Any], line: ChainLine, part: Mapping[str, Any]
     out["runs"] = json.loads(json.dumps(list(base["runs"]))) + list(out["runs"])
     out["extends"] = {"calibration_id": base["calibration_id"], "record_sha256": line.record_sha256,
                       "seal_sha256": line.seal_sha256, "seeds": n,
-                      "parts": list((base.get("extends") or {}).get("parts") or [base["calibration_id"]]),
+                      # every earlier record whose seeds this one holds, oldest first
+                      "parts": [*((base.get("extends") or {}).get("parts") or []), base["calibration_id"]],
                       "base_instrument": base.get("instrument"), "base_reference": base.get("reference"),
                       "base_stage_seconds": base.get("stage_seconds")}
     out["summary"] = summary(out)

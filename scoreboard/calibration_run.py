@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -142,11 +141,15 @@ def _seeds(opts: CalibrationOptions, taken: Iterable[int] = ()) -> list[int]:
 
 
 def _engines_tree(repo: Path) -> Any:
-    """commit -> the git tree hash of engines/ at that commit in `repo` (None when git does not have it)."""
+    """commit -> the git tree hash of engines/ at that commit in `repo` (what round.candidate.export checks an
+    export against), None when git does not have it."""
+    from .round.candidate import _git
+
     def tree(commit: str) -> str | None:
-        done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}:engines"], cwd=repo,
-                              capture_output=True, text=True)
-        return done.stdout.strip() or None if done.returncode == 0 else None
+        try:
+            return _git(["rev-parse", "--verify", f"{commit}^{{commit}}:engines"], repo) or None
+        except InputError:
+            return None
     return tree
 
 

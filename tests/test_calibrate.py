@@ -564,12 +564,15 @@ def test_joined_parts_verify_and_a_laundered_base_does_not(lock, tmp_path):
     joined = join_parts(base, line, part)
     assert joined["seeds"] == [1, 2, 7] and [r["seed"] for r in joined["runs"]] == [1, 2, 7]
     assert joined["extends"]["calibration_id"] == base["calibration_id"] and joined["extends"]["seeds"] == 2
+    assert joined["extends"]["parts"] == [base["calibration_id"]]
     assert summary(joined) == joined["summary"]
     joined["separation"] = {"separated": True, "problems": []}
     write_record(joined, rounds)
     assert verify(lock, rounds).ok
     got, _ = latest_calibration(rounds, TARGET)
     assert check_calibration(load_lock(lock), TARGET, rounds)["seeds"] == 3 and got["extends"]["seeds"] == 2
+    third = join_parts(got, latest_calibration(rounds, TARGET)[1], _based(lock, seeds=(11,)))
+    assert third["extends"]["parts"] == [base["calibration_id"], got["calibration_id"]]  # every earlier part
     # the attack: a part whose copy of the base's seeds was changed before sealing (a fault's KL raised on seed 1)
     # is sealed by the pinned key, so its seal holds; verify compares the copy with the base as sealed
     forged = join_parts(base, line, _based(lock, seeds=(8,)))

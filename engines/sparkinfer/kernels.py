@@ -266,10 +266,16 @@ def vec_blocks(n: int, k: int) -> tuple[int, int, int]:
     - 8 warps where there are few programs and a long reduction (K >= 1024), else 4."""
     many = n >= 8 * 2 * 132
     bn = 8 if many else (4 if n >= 1024 else 2)
-    bk = 1024
-    while bk > 16 and k % bk:  # a step that divides K is at most K: no clamp to K needed
+    return bn, widest_step(k, 1024), 4 if many or k < 1024 else 8
+
+
+def widest_step(k: int, top: int) -> int:
+    """The widest power of two up to `top` that divides k (at least 16): a reduction over k in whole steps (a
+    partial last step costs a whole one; a step that divides k is at most k, so no clamp is needed)."""
+    bk = top
+    while bk > 16 and k % bk:
         bk //= 2
-    return bn, bk, 4 if many or k < 1024 else 8
+    return bk
 
 
 @triton.jit
@@ -837,8 +843,7 @@ def decode_experts(xin: Tensor, sel: Tensor, wts: Tensor, w_in: Tensor, w_down: 
     _experts_in_situ[(k, triton.cdiv(f, BLOCK_F))](
         x, w_in, sel, a, 1.0 / beta, 0.0 if linear_up else 1.0 / linear_beta,
         beta if linear_up else beta * linear_beta,
-        F=f, LAT=lat, LINEAR_UP=linear_up, BF=BLOCK_F, BK=(bk := in_situ_tile(lat)),
-        num_warps=8 if 2 * BLOCK_F * bk > IN_SITU_TILE_4_WARPS else 4)
+        F=f, LAT=lat, LINEAR_UP=linear_up, BF=BLOCK_F, BK=(tile := in_situ_tile(lat))[0], num_warps=tile[1])
     out = torch.empty(1, lat, dtype=torch.float32, device=xin.device)
     kp, bk = down_sum_tile(k, f)
     _experts_down_sum[(triton.cdiv(lat, BLOCK_L),)](
@@ -859,10 +864,8 @@ def down_sum_tile(k: int, f: int) -> tuple[int, int]:
     return kp, bk
 
 
-def in_situ_tile(lat: int) -> int:
-    """experts_in_situ's reduction step over the latent: the widest power of two up to BLOCK_K that divides it (a
-    partial last step costs a whole one), at least 16."""
-    bk = BLOCK_K
-    while bk > 16 and lat % bk:
-        bk //= 2
-    return bk
+def in_situ_tile(lat: int) -> tuple[int, int]:
+    """experts_in_situ's (reduction step over the latent, warps): the step is widest_step(lat, BLOCK_K); a program
+    whose step holds more than IN_SITU_TILE_4_WARPS weight elements (2 x BLOCK_F rows) runs 8 warps, else 4."""
+    bk = widest_step(lat, BLOCK_K)
+    return bk, 8 if 2 * BLOCK_F * bk > IN_SITU_TILE_4_WARPS else 4
