@@ -125,3 +125,33 @@ def test_pinned_llama_cpp_loads_k3_mini_and_gives_finite_logits_at_depth(mini):
     out = engine.logits(prepared, LogitsRequest(tuple(ids), (63, 511, 1023), geom)).logits
     assert out.shape == (3, 512) and out.dtype == np.float32 and np.isfinite(out).all()
     assert 1.0 < float(out.std()) < 10.0  # damped: neither flat nor exploding
+
+
+def test_every_tensor_is_drawn_only_when_written_with_the_bytes_an_eager_encode_gives(tmp_path, monkeypatch):
+    """The writer is handed deferred tensors (a 12.6 GB F16 model held whole was killed for memory on 24 GiB):
+    each is drawn once, in file order, at write time, and its bytes are what _encode gives, in F16 and in Q8_0
+    (whose raw type and byte shape are declared before any value exists)."""
+    import gguf
+
+    from scoreboard.weights import generate as gen
+
+    drawn: list[str] = []
+    real_init = gen._init
+    monkeypatch.setattr(gen, "_init", lambda spec, seed, name, shape: (drawn.append(name), real_init(
+        spec, seed, name, shape))[1])
+    before_write: list[int] = []
+    real_write = gguf.GGUFWriter.write_tensors_to_file
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file",
+                        lambda self, **kw: (before_write.append(len(drawn)), real_write(self, **kw))[1])
+    for wt in ("f16", "q8_0"):
+        drawn.clear()
+        spec = dataclasses.replace(get_spec("k3-mini"), name=f"k3-mini-{wt}", weight_type=wt, n_shards=1)
+        path = generate(spec, tmp_path / wt)[0]
+        reader = gguf.GGUFReader(path)
+        assert before_write.pop() == 0  # nothing drawn while the writer was only collecting
+        assert drawn == [t.name for t in reader.tensors]  # each once, in the order the file holds them
+        shapes = load_k3_config(path).tensor_shapes
+        for t in reader.tensors[:6] + reader.tensors[-3:]:
+            want, raw = gen._encode(real_init(spec, 0, t.name, shapes[t.name]), shapes[t.name], wt)
+            assert bytes(t.data.tobytes()) == want.tobytes(), (wt, t.name)
+            assert raw is None or t.tensor_type == raw

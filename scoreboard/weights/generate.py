@@ -164,6 +164,39 @@ def _encode(arr: np.ndarray, shape: tuple[int, ...],
     return quants.quantize(arr, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
 
 
+class _Deferred:
+    """One tensor that the GGUF writer asks for only when it writes it: gguf's GGUFWriter keeps every tensor it
+    was given until write_tensors_to_file, so eager arrays hold the whole model in memory at once (k3-wide's 12.6 GB
+    F16 were killed for memory on a 24 GiB machine). The writer reads `shape`, `dtype` and `nbytes` when the tensor
+    is added and calls `tofile` once, in file order: the values are drawn there and dropped after the write."""
+
+    def __init__(self, make: Callable[[], tuple[np.ndarray, Any]], shape: tuple[int, ...], dtype: np.dtype,
+                 done: Callable[[], None] | None = None):
+        self._make, self.shape, self.dtype, self._done = make, shape, dtype, done
+        self.nbytes = math.prod(shape) * dtype.itemsize
+
+    def tofile(self, fout: Any) -> None:
+        data, _ = self._make()
+        if data.shape != self.shape or data.dtype != self.dtype:  # the declared header would not match the bytes
+            raise RuntimeError(f"deferred tensor drew {data.dtype}{data.shape}, declared {self.dtype}{self.shape}")
+        data.tofile(fout)
+        if self._done:
+            self._done()
+
+
+def _declared(shape: tuple[int, ...], weight_type: str) -> tuple[tuple[int, ...], np.dtype, Any]:
+    """What _encode returns for a tensor of ggml `shape`, without drawing it: the numpy shape and dtype, and the
+    raw ggml type (None: the writer reads it from the dtype)."""
+    from gguf import GGMLQuantizationType
+
+    np_shape = tuple(reversed(shape))
+    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
+        return np_shape, np.dtype(np.float32), None
+    if weight_type == "f16":
+        return np_shape, np.dtype(np.float16), None
+    return (*np_shape[:-1], np_shape[-1] // 32 * 34), np.dtype(np.uint8), GGMLQuantizationType.Q8_0
+
+
 def _nbytes(shape: tuple[int, ...], weight_type: str) -> int:
     n = math.prod(shape)
     if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
@@ -263,10 +296,16 @@ def generate(spec: str | K3Spec, out_dir: Path, seed: int | None = None,
         w = GGUFWriter(tmp / f"{spec.name}.gguf", ARCH, **split)
         _write_metadata(w, spec, cfg, seed)
         for i, (name, shape) in enumerate(plan):
-            data, raw = _encode(_init(spec, seed, name, shape), shape, spec.weight_type)
-            w.add_tensor(name, data, raw_dtype=raw)
-            if progress:
-                progress(f"{spec.name}: {name}", (i + 1) / len(plan))
+            np_shape, dtype, raw = _declared(shape, spec.weight_type)
+
+            def make(name: str = name, shape: tuple[int, ...] = shape) -> tuple[np.ndarray, Any]:
+                return _encode(_init(spec, seed, name, shape), shape, spec.weight_type)
+
+            def done(name: str = name, i: int = i) -> None:
+                if progress:
+                    progress(f"{spec.name}: {name}", (i + 1) / len(plan))
+
+            w.add_tensor(name, _Deferred(make, np_shape, dtype, done), raw_dtype=raw)  # type: ignore[arg-type]
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
