@@ -25,6 +25,13 @@
 #   sandbox   CUDA in a worker launched as a round launches one (bench/h200_sandbox_check.py): run beside the
 #             reference build wherever it is listed, so a sandbox that cannot reach the GPU shows in the first
 #             minutes, not after the build.
+# PROBE_TARGETS="T..." (with BUILD_FIRST=1): after the generation and BESIDE, beside the build, each T's calibration cost
+# per arm (bench/cal_cost.py) and its decode at PROBE_DEPTHS (default 131072) and prefill PROBE_PREFILL (32768) with
+# the kernels (bench/h200_profile.py): a diagnosis of the engine at BASE, never a result. BESIDE_PROFILE=0 runs
+# BESIDE's gpu tests without its profile.
+# A STEP need not descend from the previous one: a step on another line whose rounds/ and reference.lock equal the
+# previous one's is reached by `git reset --keep` (the records stay uncommitted in the work tree), so a BASE rebuilt
+# on an older step (a new signer pinned on it) can be followed by main's tip.
 # BESIDE=COMMIT (with BUILD_FIRST=1): once GEN_WEIGHTS are generated, beside the reference build, the gpu-marked engine
 # tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
 # PROFILE_ARGS_BESIDE) of the engine at COMMIT, from a worktree of the clone: the GPU is idle during the build. The
@@ -84,13 +91,20 @@ round() {  # LOG TARGET: a sealed main round of TARGET at main
   echo "$1 rc $?"; summary "$WORK/$1.log"; snap
   grep -q "^verdict:" "$WORK/$1.log" && RENEW=  # a completed round is the new anchor
 }
-advance() {  # I: main fast-forwarded to STEP I (1-based); fails when main has it, it moves records, or is out of reach
+advance() {  # I: main moved to STEP I (1-based); fails when main has it, it moves records, or is out of reach
   local s=${STEPS[$1 - 1]}
   if git merge-base --is-ancestor "$s" HEAD 2>/dev/null; then echo "step$1: main already contains $s"; return 1; fi
   if ! git diff --quiet HEAD "$s" -- rounds reference.lock 2>/dev/null; then  # the job's records chain from BASE's
     echo "step$1: $s changes rounds/ or reference.lock (or is no commit); put such commits into BASE"; return 1
   fi
-  go; git merge -q --ff-only "$s" || { echo "step$1: fast-forward to $s failed"; return 1; }
+  go
+  if git merge-base --is-ancestor HEAD "$s"; then
+    git merge -q --ff-only "$s" || { echo "step$1: fast-forward to $s failed"; return 1; }
+  else  # a step on another line whose records and lock equal HEAD's (a BASE rebuilt on an older step): main moves
+    # to it and the uncommitted records stay (reset --keep refuses if a file with local changes would change)
+    git reset -q --keep "$s" || { echo "step$1: main could not move to $s with the records kept"; return 1; }
+    echo "step$1: main moved to $s (not a descendant of the last step; rounds/ and reference.lock the same)"
+  fi
 }
 phase_cal() { calibrate cal "$GPU_TARGET" "$CAL_SEEDS"; }
 phase_calext() { calibrate cal-ext "$GPU_TARGET" "$CAL_SEEDS" --extend; }
@@ -135,12 +149,23 @@ beside() {  # COMMIT: the gpu tests and the depth profile of the engine at COMMI
       tests/test_sparkinfer_prefix.py tests/test_sparkinfer_reveal.py tests/test_sparkinfer_engine.py) > "$WORK/gpu-tests-$c.log" 2>&1
     echo "gpu tests at $c rc $?"; tail -2 "$WORK/gpu-tests-$c.log"
   fi
+  [ "${BESIDE_PROFILE:-1}" = 1 ] || return 0
   stamp "beside profile of $GPU_TARGET at $c"
   # shellcheck disable=SC2086  # the profile's arguments are words
   (cd "$wt" && PYTHONPATH=$wt python3 bench/h200_profile.py --target "$GPU_TARGET" --device "$PROF_DEVICE" \
     ${PROFILE_ARGS_BESIDE:---forms kernels --depths 1024,16384,65536,131072 --prefill 32768} \
     --out "$WORK/prof-beside-$c.json") > "$WORK/prof-beside-$c.log" 2>&1
   echo "beside profile at $c rc $? (done at $SECONDS s)"; tail -3 "$WORK/prof-beside-$c.log" | cut -c1-300
+}
+probe() {  # TARGET: beside the build, what one calibration seed of TARGET costs per arm (bench/cal_cost.py), then its
+  # decode at PROBE_DEPTHS and prefill PROBE_PREFILL (bench/h200_profile.py): a diagnosis for planning a lease
+  local t=$1
+  stamp "beside: calibration cost of $t at $(head1)"
+  python3 "$HERE/bench/cal_cost.py" --target "$t" --device "$PROF_DEVICE" --out "$WORK/calcost-$t.json" > "$WORK/calcost-$t.log" 2>&1
+  echo "cal cost $t rc $? (done at $SECONDS s)"; grep '"arm"' "$WORK/calcost-$t.log" | cut -c1-200
+  python3 "$HERE/bench/h200_profile.py" --target "$t" --device "$PROF_DEVICE" --forms kernels \
+    --depths "${PROBE_DEPTHS:-131072}" --prefill "${PROBE_PREFILL:-32768}" --reps 3 --out "$WORK/prof-$t.json" > "$WORK/prof-$t.log" 2>&1
+  echo "profile $t rc $? (done at $SECONDS s)"; grep '"form"' "$WORK/prof-$t.log" | cut -c1-240
 }
 sandbox_check() {
   stamp "sandbox check (CUDA in a sandboxed worker, the handshake per rep)"
@@ -190,6 +215,7 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
       python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1
       echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
       [ -z "${BESIDE:-}" ] || beside "$BESIDE"
+      for t in ${PROBE_TARGETS:-}; do probe "$t"; done
     } > "$WORK/gen.out" 2>&1 &
     GEN=$!
     python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
