@@ -645,7 +645,9 @@ def extension_problems(rounds_dir: Path, data: Mapping[str, Any], named: Mapping
         base = json.loads(record_path(rounds_dir, bid).read_bytes())
     except (OSError, ValueError) as exc:
         return [f"extends: {bid} cannot be read ({exc})"]
-    n = int(ext.get("seeds", -1))
+    n = ext.get("seeds")
+    if type(n) is not int or n < 1:  # a hand-edited record: reported as a finding, never raised
+        return [f"extends.seeds: {n!r} is not a positive whole number of seeds"]
     problems = []
     if n != len(base.get("seeds") or []) or list(data.get("seeds") or [])[:n] != list(base.get("seeds") or []):
         problems.append(f"seeds: the first {n} are not {bid}'s seeds")

@@ -590,6 +590,14 @@ def test_joined_parts_verify_and_a_laundered_base_does_not(lock, tmp_path):
     gpath = write_record(ghost, rounds)
     assert any(Path(p.file).name == gpath.name and p.field == "extends.calibration_id"
                for p in verify(lock, rounds).problems)
+    # a hand-edited seed count is a finding on that record, not an exception out of verify
+    for bad in ("2", 2.5, None):
+        odd = join_parts(base, line, _based(lock, seeds=(10,)))
+        odd["extends"]["seeds"] = bad
+        odd["separation"] = {"separated": True, "problems": []}
+        opath = write_record(odd, rounds)
+        assert any(Path(p.file).name == opath.name and p.field == "extends.seeds" and "whole number" in p.message
+                   for p in verify(lock, rounds).problems), bad
 
 
 def test_a_part_measured_by_another_instrument_stands_apart():

@@ -20,6 +20,14 @@ def _near(word: str, choices: Iterable[str]) -> str | None:
     return close[0] if close else None
 
 
+def judging_lock(lock: Path | None, judged: str = "the receipts") -> None:
+    """A --lock the caller named that is not a file is their typo (InputError naming the option), never a reason to
+    read the records as untrusted; None (no --lock) passes."""
+    if lock is not None and not lock.is_file():
+        raise InputError(f"--lock {lock}: lock file not found",
+                         f"pass the reference.lock whose signers judge {judged}, or leave --lock out")
+
+
 def existing_dir(path: str | Path, option: str) -> Path:
     """`path` when it is a directory; else InputError naming `option`, and the sibling directory it was
     probably meant to be."""

@@ -12,7 +12,7 @@ from ..errors import InputError, NonCompliant
 from ..ladder import SlotCompounding, Step, compounding, depth_curves, ladder_from_history, write_svg
 from .console import console, print_json
 from .formats import flat, pick_format
-from .inputs import existing_dir, known_target
+from .inputs import existing_dir, judging_lock, known_target
 
 COLUMNS = ("slot", "metric", "date", "round", "commit", "kind", "tier", "measured", "frontier before",
            "frontier after", "step", "reference")
@@ -71,9 +71,7 @@ def command(
 
     out_fmt = pick_format(fmt, json_out)
     existing_dir(rounds, "--rounds")
-    if lock is not None and not lock.is_file():
-        raise InputError(f"--lock {lock}: lock file not found",
-                         "pass the reference.lock whose signers judge the receipts, or leave --lock out")
+    judging_lock(lock)
     trust = near(rounds, lock)  # --lock, else this checkout's: never a lock that only lies beside the receipts
     known_target(target, trust.source or None, rounds)
     if out_fmt == "table" and not plot.parent.is_dir():

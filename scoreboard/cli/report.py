@@ -32,12 +32,10 @@ def command(
 
     if not out.parent.is_dir():
         raise InputError(f"--out {out}: directory {out.parent} not found", "create it or pick another path")
-    from .inputs import existing_dir, known_target
+    from .inputs import existing_dir, judging_lock, known_target
 
     existing_dir(rounds, "--rounds")
-    if lock is not None and not lock.is_file():
-        raise InputError(f"--lock {lock}: lock file not found",
-                         "pass the reference.lock whose signers judge the receipts, or leave --lock out")
+    judging_lock(lock)
     lock = lock if lock is not None else own_lock()  # never a lock that only lies beside the receipts
     known_target(target, lock, rounds)  # a misspelled one would write an empty report
     rep = build_report(rounds, lock, target)

@@ -187,7 +187,7 @@ def show_cmd(
     from ..history.sealed import read_sealed
     from ..history.trust import near
     from .formats import flat, pick_format
-    from .inputs import receipt_path
+    from .inputs import judging_lock, receipt_path
     from .receipt_view import SPEED_COLUMNS, speed_rows, verdict_line, write_depth_plot
 
     out_fmt = pick_format(fmt, json_out)
@@ -198,9 +198,7 @@ def show_cmd(
     # the lock the receipt is judged by: --lock, else this checkout's (history.trust.near: never one that only lies
     # beside the receipt, which whoever handed it over could have put there); a --lock that is not there is the
     # caller's typo, not an untrusted receipt
-    if lock is not None and not lock.is_file():
-        raise InputError(f"--lock {lock}: lock file not found",
-                         "pass the reference.lock whose signers judge the receipt, or leave --lock out")
+    judging_lock(lock, "the receipt")
     trust = near(path.parent, lock)
     lock = Path(trust.source) if trust.source else (lock or Path("reference.lock"))
     parsed = read_sealed(path, trust).receipt

@@ -58,6 +58,7 @@ def command(
 
     from ..history.sealed import read_sealed
     from ..history.trust import near
+    from .inputs import judging_lock
 
     if (receipt is None) == (claim is None):
         raise InputError("pass exactly one of --receipt FILE or --claim VALUE",
@@ -73,9 +74,7 @@ def command(
         # if measured (exit 2); one no pinned key vouches for is scored as a claim, said so, exit 2
         sealed = read_sealed(receipt)
         r = sealed.receipt
-        if lock is not None and not lock.is_file():  # the caller's typo, not an untrusted receipt
-            raise InputError(f"--lock {lock}: lock file not found",
-                             "pass the reference.lock whose policy and signers judge the receipt, or leave --lock out")
+        judging_lock(lock, "the receipt")
         standing = near(receipt.parent, lock).standing(sealed.raw, "round")  # --lock, else this checkout's pins
         tgt = load_lock(lock).target(r.target) if lock is not None else receipt_target(r)
         verdict = verdict_from_receipt(r, tgt)
