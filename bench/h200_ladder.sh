@@ -22,6 +22,8 @@
 #             (PROFILE_ARGS are passed to bench/h200_profile.py; the output is named by target and commit);
 #   sweep     the decode products' and routed experts' tiles re-timed (bench/h200_kernel_sweep.py) for GPU_TARGET
 #             and WIDE_TARGET at main as it then stands;
+#   diag      BESIDE's commits (each: gpu tests, depth profile) and PROBE_TARGETS' probes, as a phase (they need no
+#             reference build: with BUILD_FIRST=0 and PHASES=diag, a box of another card than the targets' runs them);
 #   sandbox   CUDA in a worker launched as a round launches one (bench/h200_sandbox_check.py): run beside the
 #             reference build wherever it is listed, so a sandbox that cannot reach the GPU shows in the first
 #             minutes, not after the build.
@@ -32,7 +34,7 @@
 # A STEP need not descend from the previous one: a step on another line whose rounds/ and reference.lock equal the
 # previous one's is reached by `git reset --keep` (the records stay uncommitted in the work tree), so a BASE rebuilt
 # on an older step (a new signer pinned on it) can be followed by main's tip.
-# BESIDE=COMMIT (with BUILD_FIRST=1): once GEN_WEIGHTS are generated, beside the reference build, the gpu-marked engine
+# BESIDE="COMMIT..." (with BUILD_FIRST=1): once GEN_WEIGHTS are generated, beside the reference build, the gpu-marked engine
 # tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
 # PROFILE_ARGS_BESIDE) of the engine at COMMIT, from a worktree of the clone: the GPU is idle during the build. The
 # profile is a diagnosis (in-process clock, no gate, no seal, the CPU shared with the build), never a result.
@@ -52,7 +54,7 @@
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-ALL_PHASES="cal calext round ladder wide widestep profile sweep sandbox"
+ALL_PHASES="cal calext round ladder wide widestep profile sweep sandbox diag"
 [ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
 PHASES=${PHASES:-$DEFAULT_PHASES}
 for p in $PHASES; do
@@ -140,8 +142,14 @@ phase_sweep() {
   done
 }
 phase_sandbox() { :; }  # run by main before the reference build (see above)
+phase_diag() {  # BESIDE's commits and PROBE_TARGETS as a phase of their own (no reference build needed): a box whose
+  # card is not the targets' node class (an H100 lent for an H200 target) can still run the engine's GPU checks
+  local c t
+  for c in ${BESIDE:-}; do beside "$c"; done
+  for t in ${PROBE_TARGETS:-}; do probe "$t"; done
+}
 beside() {  # COMMIT: the gpu tests and the depth profile of the engine at COMMIT (see BESIDE above)
-  local wt=/root/sb-beside c=$1
+  local c=$1 wt=/root/sb-beside-$1
   git -C "$SB" worktree add -q --detach "$wt" "$c" || { echo "beside: no commit $c in the clone"; return; }
   if ls "$KIT"/testwhl/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /root/pytest-kit "$KIT"/testwhl/*.whl 2>&1 | tail -1
@@ -214,8 +222,10 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
     {
       python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1
       echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
-      [ -z "${BESIDE:-}" ] || beside "$BESIDE"
-      for t in ${PROBE_TARGETS:-}; do probe "$t"; done
+      case " $PHASES " in *" diag "*) ;; *)  # else diag runs them as a phase
+        for c in ${BESIDE:-}; do beside "$c"; done
+        for t in ${PROBE_TARGETS:-}; do probe "$t"; done;;
+      esac
     } > "$WORK/gen.out" 2>&1 &
     GEN=$!
     python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
