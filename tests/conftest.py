@@ -52,3 +52,34 @@ def repo_root() -> Path:
 @pytest.fixture
 def lock_path() -> Path:
     return REPO / "reference.lock"
+
+
+@pytest.fixture(scope="session")
+def main_round_history(session_signer: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real, sealed main round of this checkout's HEAD on k3-mini-cpu (pinned llama.cpp build, sparkinfer in
+    sandboxed workers), run once per session: a directory holding reference.lock (the repo's, slots zeroed, speed
+    policy shrunk to 2 blocks of 1 rep) and rounds/ (the committed calibration, the round's receipt and ledger
+    lines). Tests that need a history whose first main round set the BASELINE work on their own copy of it
+    (shutil.copytree) and assert what they need of that round's receipt (`main_round_receipt`)."""
+    from calibration_fixtures import seed_calibration
+    from receipt_factory import shrunk_lock
+
+    from scoreboard.round.run import RoundOptions, run_round
+    from scoreboard.weights.verify import default_cache
+
+    d = tmp_path_factory.mktemp("main-round-history")
+    lock = shrunk_lock(d / "reference.lock", "k3-mini-cpu")
+    rounds = seed_calibration(d / "rounds")
+    out = run_round(RoundOptions(target="k3-mini-cpu", lock_path=lock, rounds_dir=rounds, cache_dir=default_cache(),
+                                 seed=11))
+    assert out.receipt["status"] == "verdict", out.receipt.get("aborted")
+    assert out.path is not None and out.path.parent == rounds
+    return d
+
+
+def main_round_receipt(history: Path) -> dict:
+    """The receipt of `main_round_history`'s round (the only round receipt in its rounds/)."""
+    import json
+
+    (path,) = sorted((history / "rounds").glob("*.json"))
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from scoreboard.errors import LockError
 
 from engines.sparkinfer.faults import GATE_FAULTS
 from calibration_fixtures import seed_calibration
+from conftest import main_round_receipt
 from receipt_factory import shrunk_lock
 from scoreboard.lockfile import load_lock
 from scoreboard.round.run import RoundOptions, run_round
@@ -68,12 +70,14 @@ def test_wrong_path_only_when_timed_is_rejected(lock, tmp_path):
     assert any("differ" in x for x in r["verdict"]["reasons"])
 
 
-def test_main_round_sets_baseline_and_frontier_never_goes_down(lock, tmp_path):
-    first = run_round(_opts(lock, tmp_path, seed=11))
-    r = first.receipt
+def test_main_round_sets_baseline_and_frontier_never_goes_down(main_round_history, tmp_path):
+    """The first main round of a fresh history (the session's `main_round_history`, conftest.py: a real sealed
+    round of HEAD, seed 11) set the BASELINE; a second main round, on a copy of that history, never lowers it."""
+    shutil.copytree(main_round_history, tmp_path, dirs_exist_ok=True)
+    lock = tmp_path / "reference.lock"
+    r = main_round_receipt(tmp_path)
     assert r["status"] == "verdict", r.get("aborted")
     assert r["verdict"]["label"] == "BASELINE", r["verdict"]
-    assert first.path is not None
     lk = load_lock(lock)
     slot = lk.target(TARGET).slot("sparkinfer", lk.target(TARGET).scored)
     f1 = lk.slots[slot].value
