@@ -46,3 +46,16 @@ def test_the_mla_kernels_at_depth_run_in_the_interpreter(tmp_path):
     calls = rec["prefill"]["calls"]
     assert [c["n_past"] for c in calls] == [0, 128]
     assert all(err < 2e-3 for c in calls for err in c["rel_vs_float64"].values())
+
+
+def test_the_calibration_cost_times_each_instrument_arm_at_the_gate_rows(tmp_path):
+    """bench/cal_cost.py: the target's precision, the noise floor's other one and a fault, each loaded and asked for
+    the gate rows once. --depth 200 (a smoke run) takes the deeper depths' rows at 200, the faults' at their own
+    depths capped there."""
+    res = _run(["bench/cal_cost.py", "--target", "k3-mini-cpu", "--device", "cpu", "--depth", "200"], tmp_path)
+    arms = res["arms"]
+    assert list(arms) == ["dtype:float32", "dtype:float16", "fault:experts_hidden_width"]
+    assert res["depths"] == [64, 512, 1024] and res["fault_depths"] == [64, 200, 200]
+    for a in arms.values():
+        assert a["tokens"] == 200 and a["rows"] == 64 and a["vocab"] == 512  # 32 rows at 64, 32 at 200
+        assert a["load_s"] >= 0 and a["logits_s"] > 0 and "peak_gib" not in a
