@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 
 from engines.sparkinfer.engine import SparkInferEngine
 from scoreboard.engine import EngineTarget, Geometry, LogitsRequest
+from scoreboard.errors import ScoreboardError
 from scoreboard.gate import gate_positions
 from scoreboard.instrument import instrument_faults, instrument_options
 from scoreboard.lockfile import load_lock
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     lock = load_lock(Path("reference.lock"))
-    t = lock.targets[args.target]
+    t = lock.target(args.target)  # an unknown id: InputError naming the targets
     shards = ensure_generated(lock, t.weights)
     gate = t.gate
     depths = sorted(gate.depths)
@@ -95,4 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except ScoreboardError as exc:  # bad input (a target id, the lock): the message and the fix, exit 1
+        print(f"error: {exc.message}" + (f"\nnext: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+        raise SystemExit(1) from None

@@ -59,3 +59,11 @@ def test_the_calibration_cost_times_each_instrument_arm_at_the_gate_rows(tmp_pat
     for a in arms.values():
         assert a["tokens"] == 200 and a["rows"] == 64 and a["vocab"] == 512  # 32 rows at 64, 32 at 200
         assert a["load_s"] >= 0 and a["logits_s"] > 0 and "peak_gib" not in a
+
+
+def test_the_calibration_cost_names_an_unknown_target_and_exits_1(tmp_path):
+    p = subprocess.run([sys.executable, "bench/cal_cost.py", "--target", "k3-mini-cpux", "--device", "cpu", "--out",
+                        str(tmp_path / "out.json")], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 1 and "unknown target 'k3-mini-cpux'" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "out.json").exists()

@@ -90,8 +90,8 @@ def test_an_unwritable_rounds_dir_is_refused_with_nothing_written(lock, tmp_path
     rounds.mkdir()
     # a read-only mount (as root, mode bits would not stop the write at the end): the CLI inside bubblewrap
     out = _cli(["round", "run", "--target", TARGET, "--lock", str(lock), "--rounds", str(rounds)], dict(os.environ),
-               prefix=[str(sandbox.bwrap_path()), "--bind", "/", "/", "--ro-bind", str(rounds), str(rounds), "--dev", "/dev",
-                       "--proc", "/proc"])
+               prefix=[str(sandbox.bwrap_path()), "--bind", "/", "/", "--ro-bind", str(rounds), str(rounds),
+                       "--dev", "/dev", "--proc", "/proc"])
     assert out.returncode == 1, out.stdout + out.stderr
     err = " ".join(out.stderr.split())
     assert "the rounds directory is not writable (Read-only file system" in err

@@ -152,16 +152,29 @@ def _init(spec: K3Spec, seed: int, name: str, shape: tuple[int, ...]) -> np.ndar
     return _route_code(spec, seed, name, leaf, x) if spec.route_code else x
 
 
+def _declared(shape: tuple[int, ...], weight_type: str) -> tuple[tuple[int, ...], np.dtype, Any]:
+    """The one rule for what a tensor of ggml `shape` is written as (what _encode returns, without drawing it): the
+    numpy shape and dtype, and the raw ggml type (None: the writer reads it from the dtype). Matrices take the
+    spec's weight type; 1-D tensors, conv taps and ssm_a stay f32."""
+    from gguf import GGMLQuantizationType
+
+    np_shape = tuple(reversed(shape))
+    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
+        return np_shape, np.dtype(np.float32), None
+    if weight_type == "f16":
+        return np_shape, np.dtype(np.float16), None
+    return (*np_shape[:-1], np_shape[-1] // 32 * 34), np.dtype(np.uint8), GGMLQuantizationType.Q8_0
+
+
 def _encode(arr: np.ndarray, shape: tuple[int, ...],
             weight_type: str) -> tuple[np.ndarray, GGMLQuantizationType | None]:
-    """(data, raw_dtype): matrices in the spec's type; 1-D tensors, conv taps and ssm_a stay f32."""
-    from gguf import GGMLQuantizationType, quants
+    """(data, raw_dtype): matrices in the spec's type; 1-D tensors, conv taps and ssm_a stay f32 (_declared)."""
+    from gguf import quants
 
-    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
-        return arr, None
-    if weight_type == "f16":
-        return arr.astype(np.float16), None
-    return quants.quantize(arr, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+    _, dtype, raw = _declared(shape, weight_type)
+    if raw is not None:
+        return quants.quantize(arr, raw), raw
+    return arr.astype(dtype, copy=False), None
 
 
 class _Deferred:
@@ -184,24 +197,9 @@ class _Deferred:
             self._done()
 
 
-def _declared(shape: tuple[int, ...], weight_type: str) -> tuple[tuple[int, ...], np.dtype, Any]:
-    """What _encode returns for a tensor of ggml `shape`, without drawing it: the numpy shape and dtype, and the
-    raw ggml type (None: the writer reads it from the dtype)."""
-    from gguf import GGMLQuantizationType
-
-    np_shape = tuple(reversed(shape))
-    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
-        return np_shape, np.dtype(np.float32), None
-    if weight_type == "f16":
-        return np_shape, np.dtype(np.float16), None
-    return (*np_shape[:-1], np_shape[-1] // 32 * 34), np.dtype(np.uint8), GGMLQuantizationType.Q8_0
-
-
 def _nbytes(shape: tuple[int, ...], weight_type: str) -> int:
-    n = math.prod(shape)
-    if len(shape) == 1 or weight_type == "f32" or (len(shape) == 4 and shape[1] == 1):
-        return 4 * n
-    return 2 * n if weight_type == "f16" else n // 32 * 34
+    np_shape, dtype, _ = _declared(shape, weight_type)
+    return math.prod(np_shape) * dtype.itemsize
 
 
 def _split_size(sizes: list[int], n_shards: int) -> int:
