@@ -34,13 +34,13 @@
 # A STEP need not descend from the previous one: a step on another line whose rounds/ and reference.lock equal the
 # previous one's is reached by `git reset --keep` (the records stay uncommitted in the work tree), so a BASE rebuilt
 # on an older step (a new signer pinned on it) can be followed by main's tip.
-# BESIDE="COMMIT..." (with BUILD_FIRST=1): once GEN_WEIGHTS are generated, beside the reference build, the gpu-marked engine
-# tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
+# BESIDE="COMMIT..." (with BUILD_FIRST=1): once GEN_WEIGHTS are generated, beside the reference build, the gpu-marked
+# engine tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
 # PROFILE_ARGS_BESIDE) of the engine at COMMIT, from a worktree of the clone: the GPU is idle during the build. The
 # profile is a diagnosis (in-process clock, no gate, no seal, the CPU shared with the build), never a result.
-# profile, sweep, diag, BESIDE and PROBE_TARGETS run this repository's engine at the job's commits outside the sandbox, as root, on the box
-# that holds the signing key (a diagnosis, never a round): give the job only reviewed commits of main, never a pull
-# request's (a PR is scored by `scoreboard tier`, whose code runs sandboxed).
+# profile, sweep, diag, BESIDE and PROBE_TARGETS run this repository's engine at the job's commits outside the
+# sandbox, as root, on the box that holds the signing key (a diagnosis, never a round): give the job only reviewed
+# commits of main, never a pull request's (a PR is scored by `scoreboard tier`, whose code runs sandboxed).
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".
 # A snapshot of rounds/ and reference.lock ($WORK/state.tgz) follows every sealed record.
 # The first record of a bare box renews the reference-build anchor (--renew-reference-anchor, recorded in it): every
@@ -222,10 +222,7 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
     {
       python3 -c "import sys; from pathlib import Path; from scoreboard.lockfile import load_lock; from scoreboard.weights.verify import ensure_generated; ensure_generated(load_lock(Path('reference.lock')), sys.argv[1])" "$GEN_WEIGHTS" > "$WORK/gen.log" 2>&1
       echo "$GEN_WEIGHTS generation rc $? (done at $SECONDS s)"; tail -2 "$WORK/gen.log"
-      case " $PHASES " in *" diag "*) ;; *)  # else diag runs them as a phase
-        for c in ${BESIDE:-}; do beside "$c"; done
-        for t in ${PROBE_TARGETS:-}; do probe "$t"; done;;
-      esac
+      case " $PHASES " in *" diag "*) ;; *) phase_diag;; esac  # with diag listed, it runs them as a phase
     } > "$WORK/gen.out" 2>&1 &
     GEN=$!
     python3 "$HERE/bench/preflight.py" "$GPU_TARGET" $RENEW > "$WORK/preflight.log" 2>&1; echo "preflight rc $?"; tail -2 "$WORK/preflight.log"
