@@ -94,6 +94,11 @@ def test_main_round_sets_baseline_and_frontier_never_goes_down(main_round_histor
 def test_same_seed_reproduces_the_gate_bit_for_bit(lock, tmp_path):
     a = run_round(_opts(lock, tmp_path, seed=123, seal=False, gate_only=True)).receipt["gate"]
     b = run_round(_opts(lock, tmp_path, seed=123, seal=False, gate_only=True)).receipt["gate"]
+    # where they differ, named (a rare difference in KL's last bits was seen twice on 2026-12-05, not reproduced in
+    # 23 runs since, loaded or not): every field of every depth, then the rest of the gate
+    diff = [(d.get("depth"), k, d.get(k), e.get(k)) for d, e in zip(a.get("depths") or [], b.get("depths") or [])
+            for k in sorted(set(d) | set(e)) if d.get(k) != e.get(k)]
+    assert not diff, diff
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     c = run_round(_opts(lock, tmp_path, seed=124, seal=False, gate_only=True)).receipt["gate"]
     assert c["prompt"]["token_ids_sha256"] != a["prompt"]["token_ids_sha256"]
