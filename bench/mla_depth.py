@@ -168,11 +168,12 @@ def decode_rows(d: Decode, spans: tuple[int, ...], cuda: bool, launches: int, ba
     return out
 
 
-def decode_grid(d: Decode, span: int, cuda: bool, launches: int) -> list[dict]:
+def decode_grid(d: Decode, span: int, cuda: bool, launches: int,
+                grid: list[tuple[int, ...]] | None = None) -> list[dict]:
     pos = torch.tensor([span - 100], device=d.latent.device)
     want = d.call(K, pos, span)()
     out = []
-    for bh, bt, warps, stages, programs in DECODE_GRID:
+    for bh, bt, warps, stages, programs in grid or DECODE_GRID:
         consts = {"MLA_BH": bh, "MLA_BT": bt, "WARPS.mla_split": warps, "STAGES.mla_split": stages,
                   "MLA_PROGRAMS": programs}
         try:
@@ -306,10 +307,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=2048)
     ap.add_argument("--no-grid", action="store_true", help="skip the sweeps over the kernels' constants")
     ap.add_argument("--quick", action="store_true", help="small spans and a short prefill (the interpreter)")
+    ap.add_argument("--spans", help="decode spans, comma-separated (default: %s)" % ",".join(map(str, SPANS)))
+    ap.add_argument("--decode-grid", help="the decode grid as 'BH,BT,WARPS,STAGES,PROGRAMS;...' (default: DECODE_GRID)")
+    ap.add_argument("--no-prefill", action="store_true", help="decode only")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
     spans = QUICK_SPANS if args.quick else SPANS
+    grid = None
+    try:
+        if args.spans:
+            spans = tuple(int(x) for x in args.spans.split(","))
+        if args.decode_grid:
+            grid = [tuple(int(x) for x in row.split(",")) for row in args.decode_grid.split(";")]
+            if any(len(row) != 5 for row in grid):
+                raise ValueError("each row needs five numbers")
+    except ValueError as exc:
+        ap.error(f"--spans / --decode-grid: {exc} (e.g. --spans 131072 --decode-grid '16,64,4,2,264;16,64,4,2,528')")
     total, chunk = (256, 128) if args.quick else (args.prefill, args.chunk)
     base = load_module(args.baseline) if args.baseline else None
     res: dict[str, Any] = {"gpu": torch.cuda.get_device_name() if cuda else "none", "torch": torch.__version__,
@@ -323,11 +337,12 @@ def main(argv: list[str] | None = None) -> int:
             d = Decode(w, max(spans), args.device)
             rec: dict[str, Any] = {"widths": w, "decode": decode_rows(d, spans, cuda, args.launches, base)}
             if not args.no_grid:
-                rec["decode_grid"] = decode_grid(d, max(spans), cuda, args.launches)
+                rec["decode_grid"] = decode_grid(d, max(spans), cuda, args.launches, grid)
             del d
-            pf = Prefill(w, chunk, total, args.device)
-            rec["prefill"] = prefill_rows(pf, total, cuda, not args.no_grid)
-            del pf
+            if not args.no_prefill:
+                pf = Prefill(w, chunk, total, args.device)
+                rec["prefill"] = prefill_rows(pf, total, cuda, not args.no_grid)
+                del pf
         res["presets"][preset] = rec
         if cuda:
             torch.cuda.empty_cache()
