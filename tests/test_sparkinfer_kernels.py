@@ -175,17 +175,27 @@ def test_kda_step_matches_a_float64_reference(kernels):
     assert torch.allclose(conv.double(), xx[:, 1:], rtol=0, atol=0)  # the state shifted by one token
 
 
-def _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, scale):
+def _q_one_f16_part(qa):
+    """qa [H, kvr + rope] as mla_decode's scores take it in one f16 part: each row scaled by the power of two that
+    puts its largest value in [1, 2), rounded to f16, scaled back."""
+    amax = qa.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -126)
+    s = torch.exp2(torch.floor(torch.log2(amax)))
+    return (qa / s).half().double() * s
+
+
+def _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, scale, q_parts=2):
     """One MLA token in float64 over rows 0..pos of `latent` (which already holds the token's row at pos):
-    (the row the kernel must have written, the output [H, v])."""
+    (the row the kernel must have written, the output [H, v]). q_parts=1: q rounded as one f16 part."""
     h, v, kvr = wv_b.shape
     nope = wk_b.shape[2]
     kvd = kv[0].double()
     row = torch.cat([kvd[:kvr] / (kvd[:kvr].pow(2).mean() + 1e-6).sqrt() * kv_norm.double(), kvd[kvr:]])
     lat = latent[:pos + 1].double()
     qd = q[0].double()
-    q_abs = torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double())
-    sc = (q_abs @ lat[:, :kvr].T + qd[:, nope:] @ lat[:, kvr:].T) * scale  # [H, pos + 1]
+    qa = torch.cat([torch.einsum("hn,hcn->hc", qd[:, :nope], wk_b.double()), qd[:, nope:]], -1)
+    if q_parts == 1:
+        qa = _q_one_f16_part(qa)
+    sc = (qa[:, :kvr] @ lat[:, :kvr].T + qa[:, kvr:] @ lat[:, kvr:].T) * scale  # [H, pos + 1]
     o = torch.einsum("hc,hvc->hv", torch.softmax(sc, -1) @ lat[:, :kvr], wv_b.double())
     if gate is not None:
         o = o * torch.sigmoid(gate.double().view(h, v))
@@ -206,17 +216,19 @@ MLA_CASES = {"short": ((2, 64, 256, 160, 100, 64, 264, 64), (3, 64, 1)),
 
 
 @pytest.mark.parametrize("case", sorted(MLA_CASES))
-@pytest.mark.parametrize("gated,p_split", [(True, False), (False, True)])
-def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gated, p_split):
+@pytest.mark.parametrize("gated,p_split,q_split", [(True, False, False), (False, True, True)])
+def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gated, p_split, q_split):
     """The token's latent row is written at pos (normed, f16), and the absorbed attention over rows 0..pos of
-    the span (rows beyond pos hold large junk, and the dead splits' scratch garbage: masked, never mixed in) matches the same arithmetic in float64.
-    The scores come from hi + lo f16 parts of q on the tensor cores (f32-level), the weights in one f16 part
-    (~1e-5 relative over a few hundred rows) or in two (p_split)."""
+    the span (rows beyond pos hold large junk, and the dead splits' scratch garbage: masked, never mixed in)
+    matches the same arithmetic in float64. The scores come from q in one f16 part on the tensor cores (the
+    reference rounds q the same way) or from hi + lo parts (q_split: f32-level, against q unrounded), the weights
+    in one f16 part (~1e-5 relative over a few hundred rows) or in two (p_split)."""
     (h, kvr, n_ctx, span, pos, rows_min, programs, bt), cut = MLA_CASES[case]
     monkeypatch.setattr(kernels, "MLA_ROWS_MIN", rows_min)
     monkeypatch.setattr(kernels, "MLA_PROGRAMS", programs)
     monkeypatch.setattr(kernels, "MLA_BT", bt)
     monkeypatch.setattr(kernels, "MLA_P_SPLIT", p_split)
+    monkeypatch.setattr(kernels, "MLA_DECODE_Q_SPLIT", q_split)
     gen = torch.Generator().manual_seed(9 + gated + h)
     rope, nope, v = 64, 32, 32
 
@@ -240,16 +252,18 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gate
     rows = kernels.mla_rows_per(pos, n_split)
     assert (n_split, rows, pos // rows) == cut
     got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
-    row, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, 0.1)
+    row, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, gate, 0.1, q_parts=2 if q_split else 1)
     assert torch.equal(latent[pos], row.half())  # the row written, f16
     assert torch.equal(latent[:pos], before[:pos]) and torch.equal(latent[pos + 1:], before[pos + 1:])
     err = float((got.double().view(h, v) - o).norm() / o.norm())
     assert err < (2e-6 if p_split else HALF_F16_ULP), err
 
 
-def test_mla_decode_scores_keep_f32_accuracy_for_large_queries(kernels):
-    """q far beyond f16's range (1e6) is scaled by a power of two per row before its hi + lo split: the result
-    stays finite and as accurate as for small q (f16 alone would overflow to inf)."""
+@pytest.mark.parametrize("q_split", [False, True])
+def test_mla_decode_scores_stay_finite_and_accurate_for_large_queries(kernels, monkeypatch, q_split):
+    """q far beyond f16's range (1e6) is scaled by a power of two per row before it becomes f16 (one part, or a hi
+    + lo split): the result stays finite and as accurate as for small q (f16 unscaled would overflow to inf)."""
+    monkeypatch.setattr(kernels, "MLA_DECODE_Q_SPLIT", q_split)
     gen = torch.Generator().manual_seed(21)
     h, kvr, rope, nope, v, pos = 3, 64, 64, 32, 32, 90
     q = torch.randn(1, h, nope + rope, generator=gen) * 1e4
@@ -258,7 +272,7 @@ def test_mla_decode_scores_keep_f32_accuracy_for_large_queries(kernels):
     wk_b = (torch.randn(h, kvr, nope, generator=gen) * 0.2).half()
     wv_b = (torch.randn(h, v, kvr, generator=gen) * 0.2).half()
     got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), 256, wk_b, wv_b, None, 1e-3, 1e-6)
-    _, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, None, 1e-3)
+    _, o = _mla_reference(q, kv, kv_norm, latent, pos, wk_b, wv_b, None, 1e-3, q_parts=2 if q_split else 1)
     assert torch.isfinite(got).all()
     assert float((got.double().view(h, v) - o).norm() / o.norm()) < HALF_F16_ULP
 

@@ -27,9 +27,10 @@ the diagonal; torch's form computes every score in f32 on CUDA cores).
 
 Numerics: f32 activations and accumulation throughout, f16/bf16 weights and cache read as stored, products
 in full f32 (``input_precision="ieee"``) where both sides are f32. MLA's two attention kernels multiply on the
-tensor cores with f16 operands and f32 sums: q against the f16 latent rows (split into hi + lo f16 parts for the
-decode, ~22 bits; one part in the prefill, whose q are f16 values already) and the softmax weights, rounded to f16
-(~2^-12 relative each), against the same rows. No kernel reads a host value inside a
+tensor cores with f16 operands and f32 sums: q against the f16 latent rows (one f16 part, each row scaled by a
+power of two first: ~11 bits of every value; in the prefill q are f16 values already, and the decode can take hi +
+lo parts, ~22 bits, with MLA_DECODE_Q_SPLIT) and the softmax weights, rounded to f16 (~2^-12 relative each),
+against the same rows. No kernel reads a host value inside a
 decoded token, so a CUDA graph records them as they are. Every sandboxed worker compiles afresh (its cache is
 private to the launch), so widths are runtime values where a loop allows it. K3Model.enable_kernels compiles
 and checks each against its torch form at prepare; tests/test_sparkinfer_kernels.py runs them on CPU
@@ -99,6 +100,13 @@ MLA_ROWS_MIN = 128
 MLA_PROGRAMS = 264
 MLA_COMBINE_SPLITS = 64
 MLA_COMBINE_COLS = 64
+# mla_decode's scores from q in one f16 part (each row scaled by a power of two first, so ~11 bits of every value
+# whatever its magnitude), as mla_attend's prefill scores already are on the f16 targets and as llama.cpp's CUDA
+# flash attention takes its q; True: hi + lo parts (~22 bits), two more tensor-core products per step. On one
+# H100 (bench/results-h100-2026-12-05-session11) k3-wide's 96 heads spent 225 us per call over 131,072 rows with
+# the two parts, 0.67 TB/s of latent rows: the products (41.9 GFLOP in six head blocks; 27.4 in one part), not
+# the row bytes, look like what binds it. Not yet timed with one part
+MLA_DECODE_Q_SPLIT = False
 MLA_P_SPLIT = False  # the softmax weights as one f16 part (see _mla_step), as flash attention does
 # mla_attend (the prefill's causal attention): MLA_BM query rows (token, head) per program, MLA_CAUSAL_BT rows
 # per step. MLA_CAUSAL_Q_SPLIT: the scores from hi + lo f16 parts of q; off, q in one f16 part, which loses
@@ -699,9 +707,9 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
                wv_b: Tensor, gate: Tensor | None, scale: float, eps: float) -> Tensor:
     """One token of MLA's absorbed attention in four launches: q absorbed through wk_b (and the token's latent
     row, RMS-normed kv | k_pe in f16, written at `pos`); the split softmax over rows 0..pos of the first `span`
-    rows, each program reading its rows once for a block of heads (tensor-core scores from hi + lo f16 parts of
-    q); the combine of the live splits; out through wv_b (times the sigmoid output gate). kvr, rope, nope and
-    v must be powers of two; the head count need not be.
+    rows, each program reading its rows once for a block of heads (tensor-core scores from q in one f16 part, or
+    hi + lo parts with MLA_DECODE_Q_SPLIT); the combine of the live splits; out through wv_b (times the sigmoid
+    output gate). kvr, rope, nope and v must be powers of two; the head count need not be.
 
     q [1, H, nope + rope] f32; kv [1, kvr + rope] f32; kv_norm [kvr]; latent [n_ctx, kvr + rope] f16 (written in
     place); pos [1] long on the device; wk_b [H, kvr, nope], wv_b [H, v, kvr] f16; gate [1, H * v] or None.
@@ -724,7 +732,7 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
     lsum = torch.empty(n_split, h, dtype=torch.float32, device=dev)
     acc = torch.empty(n_split, h, kvr, dtype=torch.float32, device=dev)
     _mla_split[(hb, n_split)](qa, latent, pos, m, lsum, acc, h, n_split, MLA_ROWS_MIN, scale * LOG2E, KVR=kvr, ROPE=rope, BH=MLA_BH, BT=MLA_BT,
-                              Q_SPLIT=True, P_SPLIT=MLA_P_SPLIT, num_warps=WARPS["mla_split"],
+                              Q_SPLIT=MLA_DECODE_Q_SPLIT, P_SPLIT=MLA_P_SPLIT, num_warps=WARPS["mla_split"],
                               num_stages=STAGES["mla_split"])
     olat = torch.empty(h, kvr, dtype=torch.float32, device=dev)
     bcc = min(kvr, MLA_COMBINE_COLS)

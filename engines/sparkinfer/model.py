@@ -9,7 +9,7 @@ Numerics, chosen to agree with llama.cpp's CPU backend:
 - with float32 compute, a matmul's activation is rounded as ggml rounds it for the weight's GGUF type
   (none for F32, f16 for F16, q8_0/q8_K blocks for quantized weights; see Mat);
 - the MLA latent cache is stored in float16 (llama.cpp's default KV cache type), attention over it in f32 (with
-  the CUDA kernels on: one decoded token's scores at f32 accuracy from hi + lo f16 parts of q, kernels.mla_decode;
+  the CUDA kernels on: one decoded token's scores from q in one f16 part, kernels.mla_decode;
   a prefill call's attention in f16 through torch's fused attention over the decompressed keys and values,
   mla_sdpa, as llama.cpp's CUDA flash attention takes f16 q and k);
 - KDA: the gated delta rule in a chunked (WY) form for prefill, the recurrent form for one token.
