@@ -82,3 +82,46 @@ def test_poll_returns_when_the_job_is_gone(tmp_path: Path) -> None:
     out = bash([str(POLL), str(out_dir), str(work), "120"], timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == f"job {dead.pid} is not running and left no done file: it died"
+
+
+LEASE = REPO / "bench" / "lease.sh"
+
+
+def _lease_box(tmp_path: Path, card: str) -> tuple[Path, dict[str, str]]:
+    """A copy of lease.sh beside a stub ladder that records what it was given, and an nvidia-smi naming `card`."""
+    bench, bin_dir = tmp_path / "bench", tmp_path / "bin"
+    bench.mkdir(), bin_dir.mkdir()
+    (bench / "lease.sh").write_bytes(LEASE.read_bytes())
+    (bench / "h200_ladder.sh").write_text('echo "args: $*"; echo "PHASES=$PHASES GPU_TARGET=$GPU_TARGET"\n')
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{card}'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return bench / "lease.sh", {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_lease_runs_the_plan_of_the_card_it_got(tmp_path: Path) -> None:
+    lease, env = _lease_box(tmp_path, "NVIDIA H100 80GB HBM3")
+    kit, work = tmp_path / "kit", tmp_path / "work"
+    kit.mkdir()
+    (kit / "plan.h200").write_text('PHASES="round ladder"\nGPU_TARGET=k3-gpu-long-h200\nBASE=aaaa\nSTEPS="bbbb"\n')
+    (kit / "plan.h100").write_text('PHASES="calext round"\nGPU_TARGET=k3-gpu-long-h100\nBASE=cccc\nSTEPS="dddd eeee"\n')
+    out = bash([str(lease), str(kit), str(work)], env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"card: NVIDIA H100 80GB HBM3 -> plan {kit}/plan.h100\n")
+    for _ in range(100):  # the job runs detached (setsid): wait for its log
+        log = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+        if "PHASES=" in log:
+            break
+        subprocess.run(["sleep", "0.1"])
+    assert log.splitlines() == [f"args: {work} {kit} cccc dddd eeee",
+                                "PHASES=calext round GPU_TARGET=k3-gpu-long-h100"]
+
+
+def test_lease_without_a_plan_for_the_card_starts_nothing(tmp_path: Path) -> None:
+    lease, env = _lease_box(tmp_path, "NVIDIA A100-SXM4-80GB")
+    kit, work = tmp_path / "kit", tmp_path / "work"
+    kit.mkdir()
+    (kit / "plan.h200").write_text("BASE=aaaa\n")
+    out = bash([str(lease), str(kit), str(work)], env)
+    assert out.returncode == 1
+    assert f"no plan for this card ({kit}/plan.a100-sxm4-80gb)" in out.stderr
+    assert not work.exists()
