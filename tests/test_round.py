@@ -91,20 +91,18 @@ def test_main_round_sets_baseline_and_frontier_never_goes_down(main_round_histor
     assert verify_all(lock, tmp_path / "rounds").ok
 
 
-def test_same_seed_reproduces_the_gate_bit_for_bit(lock, tmp_path):
+def test_same_seed_reproduces_the_gate(lock, tmp_path):
     a = run_round(_opts(lock, tmp_path, seed=123, seal=False, gate_only=True)).receipt["gate"]
     b = run_round(_opts(lock, tmp_path, seed=123, seal=False, gate_only=True)).receipt["gate"]
     # Everything but the KL statistics is bit for bit: the prompt, the rows, top-1, the verdict. The KL statistics may
-    # move in bits far below the bar: CI saw, once in ~25 runs, the same prompt's KL at depth 64 read 8.9e-9 and then
-    # 3.7e-10 nats (the CPU engines' float32 sums are not bit-reproducible run to run; not diagnosed further). They
-    # must agree within 1e-7 nats: 1e-4 of k3-mini-cpu's kl_max (1e-3), a tenth of its ratchet floor (1e-6), so no
-    # difference this loose could change a gate's pass or its ratchet.
+    # move in bits far below the bar: CI read the same prompt's KL at depth 64 as 8.9e-9 and then 3.7e-10 nats
+    # (2026-12-05; rare at first, then on every run of one machine: the CPU engines' float32 outputs are not
+    # bit-reproducible run to run, not diagnosed further). Every kl_* field, at any level (the depths, the decode
+    # path's rows), must be present in both and agree within 1e-7 nats: 1e-4 of k3-mini-cpu's kl_max (1e-3), a
+    # tenth of its ratchet floor (1e-6), so no difference this loose could change a gate's pass or its ratchet.
     kl_tol = 1e-7
-    moved = [(d.get("depth"), k, d.get(k), e.get(k)) for d, e in zip(a.get("depths") or [], b.get("depths") or [])
-             for k in sorted(set(d) | set(e)) if d.get(k) != e.get(k)]
-    assert all(k.startswith("kl_") and abs(x - y) <= kl_tol for _, k, x, y in moved), moved
 
-    def without_kl(g):  # every kl_* field, at any level (the depths, the decode path's rows), checked above or below
+    def without_kl(g):
         if isinstance(g, dict):
             return {k: without_kl(v) for k, v in g.items() if not k.startswith("kl_")}
         return [without_kl(v) for v in g] if isinstance(g, list) else g
@@ -113,8 +111,10 @@ def test_same_seed_reproduces_the_gate_bit_for_bit(lock, tmp_path):
         if isinstance(g, dict):
             return [f for k, v in g.items() for f in ([(at + k, v)] if k.startswith("kl_") else kl_fields(v, f"{at}{k}."))]
         return [f for i, v in enumerate(g) for f in kl_fields(v, f"{at}{i}.")] if isinstance(g, list) else []
-    pairs = list(zip(kl_fields(a), kl_fields(b)))
-    assert pairs and all(p == q and (x == y or abs(x - y) <= kl_tol) for (p, x), (q, y) in pairs), pairs
+    ka, kb = kl_fields(a), kl_fields(b)
+    assert ka and [p for p, _ in ka] == [p for p, _ in kb]
+    moved = [(p, x, y) for (p, x), (_, y) in zip(ka, kb) if x != y]
+    assert all(abs(x - y) <= kl_tol for _, x, y in moved), moved
     assert json.dumps(without_kl(a), sort_keys=True) == json.dumps(without_kl(b), sort_keys=True)
     c = run_round(_opts(lock, tmp_path, seed=124, seal=False, gate_only=True)).receipt["gate"]
     assert c["prompt"]["token_ids_sha256"] != a["prompt"]["token_ids_sha256"]
