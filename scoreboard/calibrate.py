@@ -581,16 +581,34 @@ def extension_base(lock: Lock, target_id: str, rounds_dir: str | os.PathLike[str
     return rec, line
 
 
+# The reference identity's fields that describe one box's build of the pinned source, not the reference: nvcc's
+# output is not byte-reproducible (on 2026-12-01 libggml-cuda.so differed between two boxes building the same tree
+# with the same flags), so the files' hashes, their digest, and the anchor the round compared them with differ on
+# every bare box. The source, flags, toolchain and run flags stay in the comparison.
+REBUILT_PER_BOX = ("binaries", "extra.build_files_sha256", "extra.build_anchor")
+
+
 def part_changes(base: Mapping[str, Any], part: Mapping[str, Any]) -> list[str]:
     """How a new part's record differs from the base in what must be the same across parts: the instrument's
     identity (engine, options, kernels, torch) and options, the noise pair and each noise arm's identity, the
-    reference's identity apart from its build's files (a bare box rebuilds them, byte-different: docs/reference-pin.md),
-    every fault's identity, the fault list. [] = the part may join the base."""
+    reference's identity apart from its build's files (REBUILT_PER_BOX: docs/reference-pin.md), every fault's
+    identity, the fault list. Each change names the field that differs (a dotted path) and both values.
+    [] = the part may join the base."""
     out: list[str] = []
 
     def cmp(what: str, a: Any, b: Any) -> None:
-        if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
-            out.append(f"{what}: {json.dumps(a, sort_keys=True)[:160]} -> {json.dumps(b, sort_keys=True)[:160]}")
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            for key in sorted(set(a) | set(b), key=str):
+                cmp(f"{what}.{key}", a.get(key), b.get(key))
+        elif json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
+            if isinstance(a, list) and isinstance(b, list):  # a flag list: what was added and what went
+                was, now = [json.dumps(x, sort_keys=True) for x in a], [json.dumps(x, sort_keys=True) for x in b]
+                added, gone = [x for x in now if x not in was], [x for x in was if x not in now]
+                out.append(f"{what}: " + ("; ".join(filter(None, (
+                    added and f"added {', '.join(added)[:160]}", gone and f"removed {', '.join(gone)[:160]}")))
+                    or "the same items in another order"))
+            else:
+                out.append(f"{what}: {json.dumps(a, sort_keys=True)[:120]} -> {json.dumps(b, sort_keys=True)[:120]}")
 
     bi, pi = base.get("instrument") or {}, part.get("instrument") or {}
     cmp("instrument.identity", bi.get("identity"), pi.get("identity"))
@@ -599,11 +617,14 @@ def part_changes(base: Mapping[str, Any], part: Mapping[str, Any]) -> list[str]:
         cmp(key, base.get(key), part.get(key))
 
     def ref(r: Mapping[str, Any]) -> dict[str, Any]:
-        ident = dict((r.get("identity") or {}))
-        ident.pop("binaries", None)
-        extra = dict(ident.get("extra") or {})
-        extra.pop("build_anchor", None)
-        ident["extra"] = extra
+        ident = json.loads(json.dumps(r.get("identity") or {}))
+        for dotted in REBUILT_PER_BOX:
+            *parents, leaf = dotted.split(".")
+            node = ident
+            for name in parents:
+                node = node.get(name) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(leaf, None)
         return {"engine": r.get("engine"), "identity": ident}
 
     cmp("reference", ref(base.get("reference") or {}), ref(part.get("reference") or {}))

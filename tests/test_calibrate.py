@@ -612,4 +612,28 @@ def test_a_part_measured_by_another_instrument_stands_apart():
     assert part_changes(base, same_but_rebuilt) == []
     other = json.loads(json.dumps(base))
     other["instrument"]["identity"]["extra"]["kernels"] = "torch: triton unavailable"
-    assert [c.split(":")[0] for c in part_changes(base, other)] == ["instrument.identity"]
+    assert [c.split(":")[0] for c in part_changes(base, other)] == ["instrument.identity.extra.kernels"]
+
+
+def test_two_boxes_builds_of_the_pinned_reference_are_one_reference():
+    """The regression: k3-gpu-long-h100's 10-seed calibrations of 2026-12-05 and 2026-12-06, measured by one engines
+    tree on two bare H100 boxes, could not join: each box's nvcc build had its own digest of the build's files
+    (reference.identity.extra.build_files_sha256), and the refusal printed only the first 160 characters of the
+    identity, which were equal. Read from the sealed records as committed."""
+    from scoreboard.calibrate import part_changes
+
+    cal = Path(__file__).resolve().parents[1] / "rounds" / "calibrations"
+    base = json.loads((cal / "cal-20261205T151621Z-k3-gpu-long-h100-7677dfb5.json").read_text())
+    part = json.loads((cal / "cal-20261206T040605Z-k3-gpu-long-h100-bf40b4f6.json").read_text())
+    ext = ("extra", "build_files_sha256")
+    assert base["reference"]["identity"][ext[0]][ext[1]] != part["reference"]["identity"][ext[0]][ext[1]]
+    assert base["reference"]["identity"]["binaries"] != part["reference"]["identity"]["binaries"]
+    assert part_changes(base, part) == []
+    # what the reference is (its flags, its source) still must match, and the change names the field
+    other = json.loads(json.dumps(part))
+    other["reference"]["identity"]["build_flags"] = [*other["reference"]["identity"]["build_flags"], "-DGGML_CUDA_F16=ON"]
+    other["reference"]["identity"]["extra"]["source_tree"] = "0" * 40
+    changes = part_changes(base, other)
+    assert [c.split(":")[0] for c in changes] == ["reference.identity.build_flags",
+                                                   "reference.identity.extra.source_tree"], changes
+    assert "-DGGML_CUDA_F16=ON" in changes[0]
