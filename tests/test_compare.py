@@ -147,3 +147,38 @@ def test_round_show_names_the_near_round_id(history, monkeypatch, capsys):
     code, _, err = _cli(monkeypatch, capsys, "round", "show", ids[3][:-1] + "x", "--rounds", str(rounds))
     assert code == 1 and f"did you mean {ids[3]}?" in " ".join(err.split())
     assert Path(rounds).is_dir()
+
+
+def test_round_show_reads_each_depth_against_the_sealed_bandwidth_bound(tmp_path, monkeypatch, capsys):
+    """The wide model's goal is a share of its bandwidth ceiling at depth (weights plus the f16 cache rows one token
+    reads): `round show` prints that bound per depth from the receipt's sealed ceiling, and each arm's share of it.
+    The ceiling here is chosen so the bound is 64 tok/s with no cache and exactly 32 at depth 131072."""
+    from scoreboard.depth import profile_rows
+    from scoreboard.history.receipt import parse_receipt
+
+    rounds = tmp_path / "rounds"
+    lock_with_test_target(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    data = profile_receipt()
+    # bandwidth 131.072 GB/s; 1/64 s of weights per token; 15,625 B a cached row: 131072 rows add another 1/64 s
+    data["speed"]["ceiling"] = {"memory_bandwidth_gbs": 131.072, "devices": 1, "decode_max_tok_s": 64.0,
+                                "decode_bytes_per_token": 2_048_000_000, "kv_bytes_per_row_f16": 15625,
+                                "kv_floor_bytes_per_row": 7812}
+    path = write_receipt(data, rounds)
+    code, out, _ = _cli(monkeypatch, capsys, "round", "show", str(path))
+    assert code == 0, out
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.replace("│", "|").split("|")[1:-1]]
+        if len(cells) > 5 and cells[0] in ("1024", "131072"):
+            rows[int(cells[0])] = cells
+    _, table = profile_rows(parse_receipt(json.loads(path.read_text())))
+    cand = table["candidate"][(131072, 32)]
+    assert rows[131072][4] == "32", rows  # depth, tokens, candidate, reference, bound, candidate / bound, ...
+    assert rows[131072][5] == f"{cand / 32:.1%}" and rows[1024][4] == "63.5", rows
+    assert "131 GB/s x 1" in " ".join(out.split())
+    # a receipt without a ceiling (an older one) shows the arms alone
+    del data["speed"]["ceiling"]
+    data.update(round_id=data["round_id"][:-8] + "0000000c", created_at="2026-11-29T14:20:00Z")
+    code, out, _ = _cli(monkeypatch, capsys, "round", "show", str(write_receipt(data, rounds)))
+    assert code == 0 and "decode by depth" in " ".join(out.split()) and "bound" not in out

@@ -40,19 +40,38 @@ def verdict_line(r: Receipt) -> str:
 
 
 def depth_table(r: Receipt) -> None:
-    """Decode tok/s by depth, one column per arm (printed only when the receipt holds a decode metric)."""
+    """Decode tok/s by depth, one column per arm (printed only when the receipt holds a decode metric). With the
+    receipt's sealed ceiling: the bandwidth bound at each depth (weights plus the f16 cache rows one token reads, at
+    the node class's bandwidth) and the share of it each arm reached."""
+    from ..ceiling import max_tok_s_at
     from ..depth import profile_rows
 
     keys, table = profile_rows(r)
     if not keys:
         return
-    t = Table(title="decode by depth (tok/s, geomean of block medians)", title_justify="left")
+    ceiling = (r.speed.ceiling if r.speed else None) or {}
+    bound = {k: max_tok_s_at(ceiling, k[0], f16_kv=True) for k in keys} if ceiling else {}
+    if not all(v > 0 for v in bound.values()):
+        bound = {}
+    title = "decode by depth (tok/s, geomean of block medians)"
+    if bound:
+        title += (f"; bound: weights + f16 cache rows read per token at {float(ceiling['memory_bandwidth_gbs']):,.0f}"
+                  f" GB/s x {int(ceiling.get('devices') or 1)} (the node class's bandwidth, sealed in the receipt)")
+    t = Table(title=title, title_justify="left")
     t.add_column("depth", justify="right")
     t.add_column("tokens", justify="right")
     for arm in table:
         t.add_column(arm, justify="right")
+    if bound:
+        t.add_column("bound", justify="right")
+        for arm in table:
+            t.add_column(f"{arm} / bound", justify="right")
     for k in keys:
-        t.add_row(str(k[0]), str(k[1]), *[f"{table[a][k]:.4g}" if k in table[a] else "-" for a in table])
+        cells = [f"{table[a][k]:.4g}" if k in table[a] else "-" for a in table]
+        if bound:
+            cells.append(f"{bound[k]:.4g}")
+            cells += [f"{table[a][k] / bound[k]:.1%}" if k in table[a] else "-" for a in table]
+        t.add_row(str(k[0]), str(k[1]), *cells)
     console.print(t)
 
 
