@@ -604,9 +604,9 @@ def part_changes(base: Mapping[str, Any], part: Mapping[str, Any]) -> list[str]:
             if isinstance(a, list) and isinstance(b, list):  # a flag list: what was added and what went
                 was, now = [json.dumps(x, sort_keys=True) for x in a], [json.dumps(x, sort_keys=True) for x in b]
                 added, gone = [x for x in now if x not in was], [x for x in was if x not in now]
-                out.append(f"{what}: " + ("; ".join(filter(None, (
-                    added and f"added {', '.join(added)[:160]}", gone and f"removed {', '.join(gone)[:160]}")))
-                    or "the same items in another order"))
+                said = ([f"added {', '.join(added)[:160]}"] if added else []) + \
+                    ([f"removed {', '.join(gone)[:160]}"] if gone else [])
+                out.append(f"{what}: " + ("; ".join(said) or "the same items in another order"))
             else:
                 out.append(f"{what}: {json.dumps(a, sort_keys=True)[:120]} -> {json.dumps(b, sort_keys=True)[:120]}")
 
