@@ -50,13 +50,14 @@ def depth_table(r: Receipt) -> None:
     if not keys:
         return
     ceiling = (r.speed.ceiling if r.speed else None) or {}
-    bound = {k: max_tok_s_at(ceiling, k[0], f16_kv=True) for k in keys} if ceiling else {}
+    bw = float(ceiling.get("memory_bandwidth_gbs") or 0)  # a receipt without one (older) shows the arms alone
+    bound = {k: max_tok_s_at(ceiling, k[0], f16_kv=True) for k in keys} if bw > 0 else {}
     if not all(v > 0 for v in bound.values()):
         bound = {}
     title = "decode by depth (tok/s, geomean of block medians)"
     if bound:
-        title += (f"; bound: weights + f16 cache rows read per token at {float(ceiling['memory_bandwidth_gbs']):,.0f}"
-                  f" GB/s x {int(ceiling.get('devices') or 1)} (the node class's bandwidth, sealed in the receipt)")
+        title += (f"; bound: weights + f16 cache rows read per token at {bw:,.0f} GB/s x "
+                  f"{int(ceiling.get('devices') or 1)} (the node class's bandwidth, sealed in the receipt)")
     t = Table(title=title, title_justify="left")
     t.add_column("depth", justify="right")
     t.add_column("tokens", justify="right")
