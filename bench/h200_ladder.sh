@@ -50,6 +50,9 @@
 # flag stays on every record until a round has completed. The job's pid is in $WORK/pid: stop it with
 # `kill -- -$(cat $WORK/pid)` (never `pkill -f <pattern>` from a command line that contains the pattern: it kills
 # its own shell), or `touch $WORK/stop` to stop before the next record.
+# A plan may change while the reference builds: a file $WORK/replan (shell assignments of PHASES and STEPS, written
+# on the box by the developer's own lease call, e.g. from bench/pick_split.py's verdict on a kernel grid timed beside
+# the build) is read once, after the build and before the first phase; the phases named there replace PHASES.
 # DRY_CPU=1 runs the same control flow on a CPU machine (with a CPU target for GPU_TARGET and WIDE_TARGET): no
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
@@ -181,6 +184,22 @@ sandbox_check() {
   echo "sandbox check rc $?"; tail -12 "$WORK/sandbox.log" | cut -c1-200
 }
 
+replan() {  # $WORK/replan, if written during the build: its PHASES and STEPS replace the plan's (see above)
+  [ -f "$WORK/replan" ] || return 0
+  local PHASES_NEW= STEPS_NEW= p
+  # read in subshells that start without the plan's PHASES and STEPS, so a file that sets neither changes nothing
+  PHASES_NEW=$(unset PHASES STEPS; . "$WORK/replan" && echo "${PHASES:-}") &&
+    STEPS_NEW=$(unset PHASES STEPS; . "$WORK/replan" && echo "${STEPS:-}") || {
+    echo "replan: $WORK/replan did not read; the plan stands"; return 0; }
+  for p in $PHASES_NEW; do
+    case " $ALL_PHASES " in *" $p "*) ;; *) echo "replan: unknown phase '$p'; the plan stands"; return 0;; esac
+  done
+  [ -n "$PHASES_NEW" ] || { echo "replan: no PHASES; the plan stands"; return 0; }
+  PHASES=$PHASES_NEW
+  read -r -a STEPS <<< "$STEPS_NEW"; N=${#STEPS[@]}
+  stamp "replanned from $WORK/replan: PHASES=\"$PHASES\" STEPS=\"${STEPS[*]}\""
+}
+
 main() {  # read whole before it runs: a copy of this file rewritten under the running job changes nothing
   rm -f "$WORK/stop" "$WORK/done"; echo $$ > "$WORK/pid"
   [ ! -f "$WORK/state.tgz" ] || mv "$WORK/state.tgz" "$WORK/state-before-$$.tgz"  # an earlier job's records
@@ -231,6 +250,7 @@ main() {  # read whole before it runs: a copy of this file rewritten under the r
     stamp "no build first (BUILD_FIRST=0): the first phase's preflight generates the weights, and a calibration builds the reference beside its workers"
   fi
   [ -z "$SBX" ] || { wait $SBX; cat "$WORK/sandbox.out"; }
+  replan
   for p in $PHASES; do "phase_$p"; done
   go
   python3 -m scoreboard verify 2>&1 | tail -3

@@ -125,3 +125,29 @@ def test_lease_without_a_plan_for_the_card_starts_nothing(tmp_path: Path) -> Non
     assert out.returncode == 1
     assert f"no plan for this card ({kit}/plan.a100-sxm4-80gb)" in out.stderr
     assert not work.exists()
+
+
+def _replan(work: Path) -> subprocess.CompletedProcess:
+    """The ladder's replan function alone (cut out of the script), run on a plan of PHASES="round" and no STEPS."""
+    fn = subprocess.run(["sed", "-n", "/^replan() {/,/^}/p", str(LADDER)], capture_output=True, text=True).stdout
+    assert fn.startswith("replan() {")
+    prog = ("set -u\nALL_PHASES=\"cal calext round ladder\"\nPHASES=round\nSTEPS=()\nN=0\nWORK=$1\n"
+            "stamp() { echo \"== $*\"; }\n" + fn + '\nreplan\necho "PHASES=$PHASES N=$N STEPS=${STEPS[*]}"\n')
+    return bash(["-c", prog, "replan-test", str(work)])
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (None, "PHASES=round N=0 STEPS="),
+    ('PHASES=ladder\nSTEPS="abc123 def456"\n', "PHASES=ladder N=2 STEPS=abc123 def456"),
+    ('PHASES="ladder wdie"\nSTEPS=abc\n', "PHASES=round N=0 STEPS="),
+    ("STEPS=abc\n", "PHASES=round N=0 STEPS="),
+])
+def test_a_replan_written_during_the_build_replaces_the_phases(tmp_path: Path, text: str | None, want: str) -> None:
+    """$WORK/replan, when written, replaces PHASES and STEPS; one naming an unknown phase, or none, leaves the plan."""
+    if text is not None:
+        (tmp_path / "replan").write_text(text)
+    out = _replan(tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == want
+    if text and "wdie" in text:
+        assert "replan: unknown phase 'wdie'; the plan stands" in out.stdout
