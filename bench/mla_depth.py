@@ -37,10 +37,14 @@ from scoreboard.weights.presets import get_spec  # noqa: E402
 SPANS = (2048, 16384, 65536, 131072, 262144)
 QUICK_SPANS = (256, 1024)
 BASELINE_SPAN_MAX = 65536  # the old combine loads every split's partials at once: past this it spills without end
-# (MLA_BH, MLA_BT, split warps, split stages, MLA_PROGRAMS) timed at the largest span
+# (heads per program, MLA_BT, split warps, split stages, MLA_PROGRAMS[, form]) timed at the largest span; form 0 (the
+# default) is _mla_split, whose heads per program are MLA_BH; 1 is the rows form, _mla_split_rows, at MLA_ROWS_BH
+# (kernels.MLA_ROWS_FORM_HEADS = 1 turns it on for any head count)
 DECODE_GRID = [(16, 32, 4, 3, 264), (16, 32, 4, 2, 264), (16, 32, 4, 4, 264), (16, 64, 4, 3, 264), (16, 64, 4, 2, 264),
                (16, 64, 8, 3, 264), (16, 64, 8, 2, 264), (16, 128, 8, 2, 264), (32, 32, 4, 3, 264), (32, 64, 8, 2, 264),
-               (64, 32, 8, 2, 264), (64, 64, 8, 2, 264), (16, 32, 4, 3, 132), (16, 64, 4, 3, 528)]
+               (64, 32, 8, 2, 264), (64, 64, 8, 2, 264), (16, 32, 4, 3, 132), (16, 64, 4, 3, 528),
+               (32, 64, 8, 2, 264, 1), (16, 64, 8, 2, 264, 1), (64, 64, 8, 2, 264, 1), (32, 64, 16, 2, 264, 1),
+               (32, 64, 8, 3, 264, 1), (32, 64, 8, 2, 132, 1)]
 # (MLA_BM, MLA_CAUSAL_BT, warps, stages, MLA_CAUSAL_Q_SPLIT) timed at the middle call
 PREFILL_GRID = [(32, 64, 8, 3, False), (32, 64, 4, 3, False), (32, 128, 8, 2, False), (16, 64, 4, 3, False),
                 (16, 64, 8, 3, False), (64, 64, 8, 2, False), (32, 64, 8, 2, False), (32, 64, 8, 4, False),
@@ -173,9 +177,11 @@ def decode_grid(d: Decode, span: int, cuda: bool, launches: int,
     pos = torch.tensor([span - 100], device=d.latent.device)
     want = d.call(K, pos, span)()
     out = []
-    for bh, bt, warps, stages, programs in grid or DECODE_GRID:
-        consts = {"MLA_BH": bh, "MLA_BT": bt, "WARPS.mla_split": warps, "STAGES.mla_split": stages,
-                  "MLA_PROGRAMS": programs}
+    for bh, bt, warps, stages, programs, *form in grid or DECODE_GRID:
+        rows = bool(form and form[0])
+        name = "mla_split_rows" if rows else "mla_split"
+        consts = {"MLA_ROWS_FORM_HEADS": int(rows), "MLA_ROWS_BH" if rows else "MLA_BH": bh, "MLA_BT": bt,
+                  f"WARPS.{name}": warps, f"STAGES.{name}": stages, "MLA_PROGRAMS": programs}
         try:
             us = with_constants(K, consts, lambda: device_us(d.call(K, pos, span), cuda, launches))
             diff = with_constants(K, consts, lambda: rel(d.call(K, pos, span)(), want))
@@ -308,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-grid", action="store_true", help="skip the sweeps over the kernels' constants")
     ap.add_argument("--quick", action="store_true", help="small spans and a short prefill (the interpreter)")
     ap.add_argument("--spans", help="decode spans, comma-separated (default: %s)" % ",".join(map(str, SPANS)))
-    ap.add_argument("--decode-grid", help="the decode grid as 'BH,BT,WARPS,STAGES,PROGRAMS;...' (default: DECODE_GRID)")
+    ap.add_argument("--decode-grid", help="the decode grid as 'BH,BT,WARPS,STAGES,PROGRAMS[,FORM];...' (default: DECODE_GRID; FORM 1: rows)")
     ap.add_argument("--no-prefill", action="store_true", help="decode only")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -320,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
             spans = tuple(int(x) for x in args.spans.split(","))
         if args.decode_grid:
             grid = [tuple(int(x) for x in row.split(",")) for row in args.decode_grid.split(";")]
-            if any(len(row) != 5 for row in grid):
-                raise ValueError("each row needs five numbers")
+            if any(len(row) not in (5, 6) for row in grid):
+                raise ValueError("each row needs five numbers, and a sixth for the rows form (1)")
     except ValueError as exc:
-        ap.error(f"--spans / --decode-grid: {exc} (e.g. --spans 131072 --decode-grid '16,64,4,2,264;16,64,4,2,528')")
+        ap.error(f"--spans / --decode-grid: {exc} (e.g. --spans 131072 --decode-grid '16,64,4,2,264;32,64,8,2,264,1')")
     total, chunk = (256, 128) if args.quick else (args.prefill, args.chunk)
     base = load_module(args.baseline) if args.baseline else None
     res: dict[str, Any] = {"gpu": torch.cuda.get_device_name() if cuda else "none", "torch": torch.__version__,

@@ -106,6 +106,9 @@ def cases(name: str) -> list[Case]:
         out.append((f"mla_split p_split={p_split}", K._mla_split, split,
                     {"KVR": kvr, "ROPE": rope, "BH": K.MLA_BH, "BT": K.MLA_BT, "Q_SPLIT": True, "P_SPLIT": p_split},
                     K.WARPS["mla_split"], K.STAGES["mla_split"]))
+        out.append((f"mla_split_rows p_split={p_split}", K._mla_split_rows, split,
+                    {"KVR": kvr, "ROPE": rope, "BH": K.MLA_ROWS_BH, "BT": K.MLA_BT, "Q_SPLIT": K.MLA_DECODE_Q_SPLIT,
+                     "P_SPLIT": p_split}, K.WARPS["mla_split_rows"], K.STAGES["mla_split_rows"]))
         for q_split in (False, True):
             out.append((f"mla_causal q_split={q_split} p_split={p_split}", K._mla_causal, causal,
                         {"KVR": kvr, "ROPE": rope, "BM": K.MLA_BM, "BT": K.MLA_CAUSAL_BT, "Q_SPLIT": q_split,

@@ -215,15 +215,41 @@ MLA_CASES = {"short": ((2, 64, 256, 160, 100, 64, 264, 64), (3, 64, 1)),
              "shallow in a large span": ((3, 64, 4200, 4096, 2100, 32, 16, 32), (16, 160, 13))}
 
 
+class _NotLaunched:
+    """A kernel that must not run: launching it (kernel[grid](...)) fails the test."""
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"the other split form was launched (grid {grid})")
+
+
+def test_the_rows_form_runs_from_its_head_count(kernels, monkeypatch):
+    monkeypatch.setattr(kernels, "MLA_ROWS_FORM_HEADS", 32)
+    monkeypatch.setattr(kernels, "MLA_ROWS_BH", 32)
+    monkeypatch.setattr(kernels, "MLA_BH", 16)
+    assert [(kernels.mla_rows_form(h), kernels.mla_head_block(h)) for h in (16, 31, 32, 96)] == [
+        (False, 16), (False, 16), (True, 32), (True, 32)]
+    monkeypatch.setattr(kernels, "MLA_ROWS_FORM_HEADS", 0)
+    assert not kernels.mla_rows_form(96) and kernels.mla_head_block(96) == 16
+
+
+# (kernels.MLA_ROWS_FORM_HEADS, MLA_ROWS_BH): the head form (_mla_split at MLA_BH 16), the rows form at 32 heads per
+# program (20 heads: one partial block) and at 16
+SPLIT_FORMS = [(0, 32), (1, 32), (1, 16)]
+
+
 @pytest.mark.parametrize("case", sorted(MLA_CASES))
 @pytest.mark.parametrize("gated,p_split,q_split", [(True, False, False), (False, True, True)])
-def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gated, p_split, q_split):
+@pytest.mark.parametrize("form,bh", SPLIT_FORMS)
+def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gated, p_split, q_split, form, bh):
     """The token's latent row is written at pos (normed, f16), and the absorbed attention over rows 0..pos of
     the span (rows beyond pos hold large junk, and the dead splits' scratch garbage: masked, never mixed in)
-    matches the same arithmetic in float64. The scores come from q in one f16 part on the tensor cores (the
-    reference rounds q the same way) or from hi + lo parts (q_split: f32-level, against q unrounded), the weights
-    in one f16 part (~1e-5 relative over a few hundred rows) or in two (p_split)."""
+    matches the same arithmetic in float64, whichever split kernel runs. The scores come from q in one f16 part
+    on the tensor cores (the reference rounds q the same way) or from hi + lo parts (q_split: f32-level, against
+    q unrounded), the weights in one f16 part (~1e-5 relative over a few hundred rows) or in two (p_split)."""
     (h, kvr, n_ctx, span, pos, rows_min, programs, bt), cut = MLA_CASES[case]
+    monkeypatch.setattr(kernels, "MLA_ROWS_FORM_HEADS", form)
+    monkeypatch.setattr(kernels, "MLA_ROWS_BH", bh)
+    monkeypatch.setattr(kernels, "_mla_split" if form else "_mla_split_rows", _NotLaunched())  # the other form
     monkeypatch.setattr(kernels, "MLA_ROWS_MIN", rows_min)
     monkeypatch.setattr(kernels, "MLA_PROGRAMS", programs)
     monkeypatch.setattr(kernels, "MLA_BT", bt)
@@ -248,7 +274,7 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gate
         return out.fill_(float("nan")) if out.is_floating_point() else out
 
     monkeypatch.setattr(kernels.torch, "empty", nan_empty)
-    n_split = kernels.mla_splits(span, -(-h // kernels.MLA_BH))
+    n_split = kernels.mla_splits(span, -(-h // kernels.mla_head_block(h)))
     rows = kernels.mla_rows_per(pos, n_split)
     assert (n_split, rows, pos // rows) == cut
     got = kernels.mla_decode(q, kv, kv_norm, latent, torch.tensor([pos]), span, wk_b, wv_b, gate, 0.1, 1e-6)
@@ -260,10 +286,13 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gate
 
 
 @pytest.mark.parametrize("q_split", [False, True])
-def test_mla_decode_scores_stay_finite_and_accurate_for_large_queries(kernels, monkeypatch, q_split):
+@pytest.mark.parametrize("form,bh", SPLIT_FORMS[:2])
+def test_mla_decode_scores_stay_finite_and_accurate_for_large_queries(kernels, monkeypatch, q_split, form, bh):
     """q far beyond f16's range (1e6) is scaled by a power of two per row before it becomes f16 (one part, or a hi
     + lo split): the result stays finite and as accurate as for small q (f16 unscaled would overflow to inf)."""
     monkeypatch.setattr(kernels, "MLA_DECODE_Q_SPLIT", q_split)
+    monkeypatch.setattr(kernels, "MLA_ROWS_FORM_HEADS", form)
+    monkeypatch.setattr(kernels, "MLA_ROWS_BH", bh)
     gen = torch.Generator().manual_seed(21)
     h, kvr, rope, nope, v, pos = 3, 64, 64, 32, 32, 90
     q = torch.randn(1, h, nope + rope, generator=gen) * 1e4

@@ -95,6 +95,12 @@ RES_MIX_COLS = 0
 # Triton 3.6, bench/results-h200-2026-12-02-mla-depth): one token over 262,044 rows of k3-gpu's widths in
 # 106 us (2.85 TB/s of latent rows; 32 rows, 8 warps, 3 stages: 184 us), of k3-wide's 96 heads in 543 us
 MLA_BH = 16
+# mla_decode's split in the rows form (_mla_split_rows: the products turned over, M the latent rows, N the heads)
+# for models of at least MLA_ROWS_FORM_HEADS heads (0: none), MLA_ROWS_BH heads per program, at
+# WARPS/STAGES["mla_split_rows"]; others run _mla_split at MLA_BH. Rows per step (MLA_BT) and programs
+# (MLA_PROGRAMS) are the two forms' own
+MLA_ROWS_FORM_HEADS = 0
+MLA_ROWS_BH = 32
 MLA_BT = 64
 MLA_ROWS_MIN = 128
 MLA_PROGRAMS = 264
@@ -130,8 +136,9 @@ SCAN_BV = 16  # value columns per chunk_scan program
 # value columns (255 + 264 B at 4 warps with 32); mla_split at its tile above: 255 + 664 B (Triton 3.8), which
 # still beat every tile that does not spill; experts_down_sum at 8 for its tile of every selected expert's rows
 # (DOWN_TILE elements: 64 registers of weights and activations per thread at 8 warps, 128 at 4)
-WARPS = {"experts_down_sum": 8, "kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_causal": 8, "grouped_mm": 8}
-STAGES = {"mla_split": 2, "mla_causal": 2, "grouped_mm": 3}  # software-pipelined loads in flight per loop (Triton's default 3)
+WARPS = {"experts_down_sum": 8, "kda_step": 8, "chunk_scan": 8, "mla_split": 4, "mla_split_rows": 8, "mla_causal": 8,
+         "grouped_mm": 8}
+STAGES = {"mla_split": 2, "mla_split_rows": 2, "mla_causal": 2, "grouped_mm": 3}  # software-pipelined loads in flight per loop (Triton's default 3)
 # experts_in_situ's widest reduction step over the latent (f16 weights: 2 KB per row per step): in_situ_tile takes the
 # widest power of two up to it that divides the latent, so k3-gpu's 1024 is one step (all of a program's 2 x 16 rows
 # requested at once; at 512 the second step's loads waited for the first's) and k3-wide's 3584 seven steps of 512
@@ -607,6 +614,66 @@ def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split, rows
 
 
 @triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
+def _mla_split_rows(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split, rows_min, qscale,
+                    KVR: tl.constexpr, ROPE: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, Q_SPLIT: tl.constexpr,
+                    P_SPLIT: tl.constexpr):
+    # _mla_split with the products turned over: the latent rows are the products' M side and the heads their N
+    # side, scores^T [BT, BH] = kv [BT, KVR] . q_abs^T (+ k_pe . q_pe^T) and the weighted sum acc^T [KVR, BH] +=
+    # kv^T [KVR, BT] . p^T [BT, BH]. The head form's products have M = BH = 16 (a tensor-core step of 16 rows, the
+    # tile too small for Hopper's warpgroup products, which take 64 rows); here M is BT or KVR, so the products can
+    # run as warpgroup products, and BH (N) can grow past 16 without growing M. The split, the online softmax
+    # (here over axis 0) and the partials written (m, l [n_split, H], acc [n_split, H, KVR]) are _mla_split's
+    hb = tl.program_id(0)
+    sp = tl.program_id(1)
+    pos = tl.load(pos_ptr).to(tl.int32)
+    rows_per = _mla_rows_per(pos, n_split, rows_min, BT)
+    lo = sp * rows_per
+    hi = tl.minimum(lo + rows_per, pos + 1)
+    if lo < hi:
+        heads = hb * BH + tl.arange(0, BH)
+        hm = heads < H
+        ah, al, ph, pl, sw = _mla_q(qa_ptr, heads, hm, qscale, KVR, ROPE)
+        aht = tl.trans(ah)  # [KVR, BH]
+        pht = tl.trans(ph)  # [ROPE, BH]
+        alt = tl.trans(al)
+        plt = tl.trans(pl)
+        c = tl.arange(0, KVR)
+        r = tl.arange(0, ROPE)
+        m_i = tl.full([BH], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([BH], dtype=tl.float32)
+        acc = tl.zeros([KVR, BH], dtype=tl.float32)
+        for t0 in range(lo, hi, BT):
+            t = t0 + tl.arange(0, BT)
+            ok = t < hi
+            rowp = lat_ptr + t.to(tl.int64)[:, None] * (KVR + ROPE)
+            kv = tl.load(rowp + c[None, :], mask=ok[:, None], other=0.0)  # [BT, KVR] f16
+            pe = tl.load(rowp + KVR + r[None, :], mask=ok[:, None], other=0.0)  # [BT, ROPE] f16
+            sc = tl.dot(kv, aht)  # [BT, BH]
+            sc = tl.dot(pe, pht, sc)
+            if Q_SPLIT:
+                sc = tl.dot(kv, alt, sc)
+                sc = tl.dot(pe, plt, sc)
+            sc = tl.where(ok[:, None], sc * sw[None, :], -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 0))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            p = tl.exp2(sc - m_safe[None, :])
+            alpha = tl.exp2(m_i - m_safe)
+            p_hi = p.to(tl.float16)
+            kvt = tl.trans(kv)  # [KVR, BT]
+            acc = tl.dot(kvt, p_hi, acc * alpha[None, :])
+            if P_SPLIT:
+                acc = tl.dot(kvt, (p - p_hi.to(tl.float32)).to(tl.float16), acc)
+                l_i = l_i * alpha + tl.sum(p, 0)
+            else:
+                l_i = l_i * alpha + tl.sum(p_hi.to(tl.float32), 0)
+            m_i = m_new
+        at = sp.to(tl.int64) * H + heads
+        tl.store(m_ptr + at, m_i, mask=hm)
+        tl.store(l_ptr + at, l_i, mask=hm)
+        tl.store(acc_ptr + at[None, :] * KVR + c[:, None], acc, mask=hm[None, :])
+
+
+@triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
 def _mla_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, olat_ptr, H, n_split, rows_min, KVR: tl.constexpr,
                  BT: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr):
     # one (head, block of BC latent columns): the live splits (those holding a row <= pos, as _mla_split cut
@@ -698,6 +765,17 @@ def mla_splits(span: int, head_blocks: int) -> int:
     return max(1, min(triton.cdiv(span, MLA_ROWS_MIN), MLA_PROGRAMS // head_blocks))
 
 
+def mla_rows_form(h: int) -> bool:
+    """Whether mla_decode splits h heads' attention in the rows form (_mla_split_rows)."""
+    return 0 < MLA_ROWS_FORM_HEADS <= h
+
+
+def mla_head_block(h: int) -> int:
+    """mla_decode's heads per split program: the form's tile (MLA_ROWS_BH or MLA_BH), or fewer where the heads are
+    fewer (a tensor-core product needs at least 16: 16 heads stay one block of 16 whatever the tile)."""
+    return max(16, min(MLA_ROWS_BH if mla_rows_form(h) else MLA_BH, triton.next_power_of_2(h)))
+
+
 def mla_rows_per(pos: int, n_split: int) -> int:
     """The latent rows per split at position pos (what _mla_rows_per computes on the device)."""
     return max(triton.cdiv(triton.cdiv(pos + 1, n_split), MLA_BT) * MLA_BT, MLA_ROWS_MIN)
@@ -726,14 +804,17 @@ def mla_decode(q: Tensor, kv: Tensor, kv_norm: Tensor, latent: Tensor, pos: Tens
     _mla_qabs[(h, kvr // bc)](q.reshape(-1).float().contiguous(), wk_b, kv.reshape(-1).float().contiguous(),
                               kv_norm.float().contiguous(), latent, pos, qa, eps, KVR=kvr, ROPE=rope,
                               NOPE=nope, BC=bc)
-    hb = triton.cdiv(h, MLA_BH)
+    bh = mla_head_block(h)
+    hb = triton.cdiv(h, bh)
     n_split = mla_splits(span, hb)
     m = torch.empty(n_split, h, dtype=torch.float32, device=dev)
     lsum = torch.empty(n_split, h, dtype=torch.float32, device=dev)
     acc = torch.empty(n_split, h, kvr, dtype=torch.float32, device=dev)
-    _mla_split[(hb, n_split)](qa, latent, pos, m, lsum, acc, h, n_split, MLA_ROWS_MIN, scale * LOG2E, KVR=kvr, ROPE=rope, BH=MLA_BH, BT=MLA_BT,
-                              Q_SPLIT=MLA_DECODE_Q_SPLIT, P_SPLIT=MLA_P_SPLIT, num_warps=WARPS["mla_split"],
-                              num_stages=STAGES["mla_split"])
+    name = "mla_split_rows" if mla_rows_form(h) else "mla_split"
+    split = _mla_split_rows if name == "mla_split_rows" else _mla_split
+    split[(hb, n_split)](qa, latent, pos, m, lsum, acc, h, n_split, MLA_ROWS_MIN, scale * LOG2E, KVR=kvr, ROPE=rope,
+                         BH=bh, BT=MLA_BT, Q_SPLIT=MLA_DECODE_Q_SPLIT, P_SPLIT=MLA_P_SPLIT,
+                         num_warps=WARPS[name], num_stages=STAGES[name])
     olat = torch.empty(h, kvr, dtype=torch.float32, device=dev)
     bcc = min(kvr, MLA_COMBINE_COLS)
     _mla_combine[(h, kvr // bcc)](m, lsum, acc, pos, olat, h, n_split, MLA_ROWS_MIN, KVR=kvr, BT=MLA_BT,
