@@ -580,6 +580,15 @@ def _mla_rows_per(pos, n_split, rows_min, BT: tl.constexpr):
     return tl.maximum(tl.cdiv(tl.cdiv(pos + 1, n_split), BT) * BT, rows_min)
 
 
+@triton.jit
+def _mla_split_span(pos_ptr, sp, n_split, rows_min, BT: tl.constexpr):
+    # split sp's latent rows [lo, hi) at the position read on the device; lo >= hi: a split past pos
+    pos = tl.load(pos_ptr).to(tl.int32)
+    rows_per = _mla_rows_per(pos, n_split, rows_min, BT)
+    lo = sp * rows_per
+    return lo, tl.minimum(lo + rows_per, pos + 1)
+
+
 @triton.jit(do_not_specialize=["H", "n_split", "rows_min"])
 def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split, rows_min, qscale, KVR: tl.constexpr,
                ROPE: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, Q_SPLIT: tl.constexpr,
@@ -591,10 +600,7 @@ def _mla_split(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split, rows
     # m, l [n_split, H], acc [n_split, H, KVR]
     hb = tl.program_id(0)
     sp = tl.program_id(1)
-    pos = tl.load(pos_ptr).to(tl.int32)
-    rows_per = _mla_rows_per(pos, n_split, rows_min, BT)
-    lo = sp * rows_per
-    hi = tl.minimum(lo + rows_per, pos + 1)
+    lo, hi = _mla_split_span(pos_ptr, sp, n_split, rows_min, BT)
     if lo < hi:
         heads = hb * BH + tl.arange(0, BH)
         hm = heads < H
@@ -625,10 +631,7 @@ def _mla_split_rows(qa_ptr, lat_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, H, n_split,
     # (here over axis 0) and the partials written (m, l [n_split, H], acc [n_split, H, KVR]) are _mla_split's
     hb = tl.program_id(0)
     sp = tl.program_id(1)
-    pos = tl.load(pos_ptr).to(tl.int32)
-    rows_per = _mla_rows_per(pos, n_split, rows_min, BT)
-    lo = sp * rows_per
-    hi = tl.minimum(lo + rows_per, pos + 1)
+    lo, hi = _mla_split_span(pos_ptr, sp, n_split, rows_min, BT)
     if lo < hi:
         heads = hb * BH + tl.arange(0, BH)
         hm = heads < H
