@@ -206,9 +206,10 @@ HALF_F16_ULP = 2.0 ** -13  # the softmax weights in one f16 part: each rounded b
 
 # (heads, kvr, cache rows, span, pos, MLA_ROWS_MIN, MLA_PROGRAMS, MLA_BT) -> (splits, rows per split, the split
 # holding pos): a short span of 3 splits, pos in the middle of the second and the third beyond it; 4096 rows in
-# 32 splits, 20 heads (a second, partial block of MLA_BH), pos in the middle of split 22 and 9 splits with no live
-# row; 128 splits of 32 rows (the combine loops over its MLA_COMBINE_SPLITS twice), pos in the last live one; a
-# shallow position in a large span, whose rows per split follow pos, not the span: 14 of its 16 splits live
+# 32 splits, 20 heads (one partial block of 32 heads, or a second, partial block of 16), pos in the middle of split
+# 22 and 9 splits with no live row; 128 splits of 32 rows (the combine loops over its MLA_COMBINE_SPLITS twice), pos
+# in the last live one; a shallow position in a large span, whose rows per split follow pos, not the span: 14 of its
+# 16 splits live
 MLA_CASES = {"short": ((2, 64, 256, 160, 100, 64, 264, 64), (3, 64, 1)),
              "long": ((20, 128, 6000, 4096, 2900, 128, 264, 64), (32, 128, 22)),
              "many splits": ((4, 64, 4200, 4096, 4000, 32, 10_000, 32), (128, 32, 125)),
@@ -232,9 +233,9 @@ def test_the_rows_form_runs_from_its_head_count(kernels, monkeypatch):
     assert not kernels.mla_rows_form(96) and kernels.mla_head_block(96) == 16
 
 
-# (kernels.MLA_ROWS_FORM_HEADS, MLA_ROWS_BH): the head form (_mla_split at MLA_BH 16), the rows form at 32 heads per
-# program (20 heads: one partial block) and at 16
-SPLIT_FORMS = [(0, 32), (1, 32), (1, 16)]
+# (kernels.MLA_ROWS_FORM_HEADS, heads per program: MLA_BH for the head form, MLA_ROWS_BH for the rows form): each
+# form at 32 heads per program (20 heads: one partial block) and at 16
+SPLIT_FORMS = [(0, 32), (0, 16), (1, 32), (1, 16)]
 
 
 @pytest.mark.parametrize("case", sorted(MLA_CASES))
@@ -248,7 +249,7 @@ def test_mla_decode_matches_a_float64_reference(kernels, monkeypatch, case, gate
     q unrounded), the weights in one f16 part (~1e-5 relative over a few hundred rows) or in two (p_split)."""
     (h, kvr, n_ctx, span, pos, rows_min, programs, bt), cut = MLA_CASES[case]
     monkeypatch.setattr(kernels, "MLA_ROWS_FORM_HEADS", form)
-    monkeypatch.setattr(kernels, "MLA_ROWS_BH", bh)
+    monkeypatch.setattr(kernels, "MLA_ROWS_BH" if form else "MLA_BH", bh)
     monkeypatch.setattr(kernels, "_mla_split" if form else "_mla_split_rows", _NotLaunched())  # the other form
     monkeypatch.setattr(kernels, "MLA_ROWS_MIN", rows_min)
     monkeypatch.setattr(kernels, "MLA_PROGRAMS", programs)

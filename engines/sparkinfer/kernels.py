@@ -88,17 +88,22 @@ BLOCK_SITU = 1024  # columns per program in situ_vec
 # k3-gpu token). bench/h200_kernel_sweep.py times the splits before a step sets one
 RES_MIX_COLS = 0
 # mla_decode's split (flash-decoding): each program reads its latent rows once for MLA_BH heads (a tl.dot needs
-# at least 16 rows: k3-gpu's 16 heads are one block, k3-wide's 96 six), MLA_BT rows per step. About MLA_PROGRAMS
-# programs (two per multiprocessor of an H200's 132) share the rows 0..pos, at least MLA_ROWS_MIN rows each; the
-# combine merges MLA_COMBINE_SPLITS splits per step in programs of MLA_COMBINE_COLS latent columns. The tile
-# (16 heads, 64 rows, 4 warps, 2 stages) was the fastest of bench/mla_depth.py's grid on one H200 (2026-12-02,
-# Triton 3.6, bench/results-h200-2026-12-02-mla-depth): one token over 262,044 rows of k3-gpu's widths in
-# 106 us (2.85 TB/s of latent rows; 32 rows, 8 warps, 3 stages: 184 us), of k3-wide's 96 heads in 543 us
-MLA_BH = 16
+# at least 16 rows: k3-gpu's 16 heads are one block of 16, k3-wide's 96 three of 32), MLA_BT rows per step. About
+# MLA_PROGRAMS programs (two per multiprocessor of an H200's 132) share the rows 0..pos, at least MLA_ROWS_MIN rows
+# each; the combine merges MLA_COMBINE_SPLITS splits per step in programs of MLA_COMBINE_COLS latent columns. The
+# tile (64 rows, 4 warps, 2 stages) was the fastest of bench/mla_depth.py's grid on one H200 (2026-12-02, Triton
+# 3.6, bench/results-h200-2026-12-02-mla-depth): one token over 262,044 rows of k3-gpu's widths in 106 us (2.85 TB/s
+# of latent rows; 32 rows, 8 warps, 3 stages: 184 us). 32 heads per program, not 16: on one H100 at span 131072
+# (2026-12-07, bench/results-h100-2026-12-07-session16) k3-wide's 96 heads took 144 us a call, against 181 us at 16
+# (six programs per split each reading the split's rows, against three); 64 heads took 504 us; k3-gpu's 16
+# heads are one block of 16 either way (77-78 us)
+MLA_BH = 32
 # mla_decode's split in the rows form (_mla_split_rows: the products turned over, M the latent rows, N the heads)
 # for models of at least MLA_ROWS_FORM_HEADS heads (0: none), MLA_ROWS_BH heads per program, at
 # WARPS/STAGES["mla_split_rows"]; others run _mla_split at MLA_BH. Rows per step (MLA_BT) and programs
-# (MLA_PROGRAMS) are the two forms' own
+# (MLA_PROGRAMS) are the two forms' own. Off: on the same H100 grid every rows-form tile was slower than the head
+# form (k3-wide 208-535 us a call against 144; k3-gpu 81-124 us against 77), though it compiles to Hopper's
+# warpgroup products
 MLA_ROWS_FORM_HEADS = 0
 MLA_ROWS_BH = 32
 MLA_BT = 64
