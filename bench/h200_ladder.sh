@@ -20,6 +20,8 @@
 #             before it and the WIDE_TARGET round scores that step alone);
 #   profile   the diagnosis profile of each of PROFILE_TARGETS (default GPU_TARGET) at main as it then stands
 #             (PROFILE_ARGS are passed to bench/h200_profile.py; the output is named by target and commit);
+#   start     what a speed block's candidate worker of GPU_TARGET pays besides its timed reps, Triton's kernel cache
+#             cold then warm (bench/worker_start.py; a diagnosis);
 #   sweep     the decode products' and routed experts' tiles re-timed (bench/h200_kernel_sweep.py) for GPU_TARGET
 #             and WIDE_TARGET at main as it then stands;
 #   diag      BESIDE's commits (each: gpu tests, depth profile) and PROBE_TARGETS' probes, as a phase (they need no
@@ -57,7 +59,7 @@
 # wheels, .deb or nvidia-smi, this machine's Python with the clone first on PYTHONPATH, the user's cache.
 # usage: [PHASES=...] setsid bash bench/h200_ladder.sh WORK KIT BASE STEP... > WORK/job.log 2>&1 < /dev/null &
 set -u
-ALL_PHASES="cal calext round ladder wide widestep profile sweep sandbox diag"
+ALL_PHASES="cal calext round ladder wide widestep profile start sweep sandbox diag"
 [ "${WIDE_STEP:-0}" = 1 ] && DEFAULT_PHASES="cal ladder wide widestep profile" || DEFAULT_PHASES="cal ladder wide profile"
 PHASES=${PHASES:-$DEFAULT_PHASES}
 for p in $PHASES; do
@@ -124,6 +126,12 @@ phase_wide() { calibrate wide-cal "$WIDE_TARGET" "$WIDE_SEEDS"; round wide-basel
 phase_widestep() {
   [ "$N" -ge 1 ] || { echo "widestep: no STEP given"; return; }
   advance "$N" || return; round "step$N" "$GPU_TARGET"; round wide-step "$WIDE_TARGET"
+}
+phase_start() {  # what a speed block's candidate worker pays besides its timed reps, Triton's cache cold and warm
+  go; stamp "worker start of $GPU_TARGET at $(head1)"
+  python3 "$HERE/bench/worker_start.py" --target "$GPU_TARGET" --device "$PROF_DEVICE" \
+    --out "$WORK/start-$GPU_TARGET.json" > "$WORK/start-$GPU_TARGET.log" 2>&1
+  echo "worker start rc $?"; grep -E '"(cold|warm)"|compile_share' "$WORK/start-$GPU_TARGET.log" | head -3
 }
 phase_profile() {
   local t

@@ -36,7 +36,7 @@ def test_ladder_refuses_an_unknown_phase_by_name(tmp_path: Path) -> None:
     out = bash([str(LADDER), str(work), str(tmp_path), "HEAD", "HEAD"], {"PHASES": "cal ladder wdie profile"})
     assert out.returncode == 1
     assert out.stderr.strip() == ('unknown phase \'wdie\' in PHASES="cal ladder wdie profile"; '
-                                  "the phases: cal calext round ladder wide widestep profile sweep sandbox diag")
+                                  "the phases: cal calext round ladder wide widestep profile start sweep sandbox diag")
     assert not work.exists()  # refused before the job made anything
 
 

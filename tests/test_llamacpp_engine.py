@@ -194,6 +194,15 @@ def test_prepare_refuses_a_missing_model(prepared, tmp_path):
         engine.prepare(tiny_target(tmp_path / "absent.gguf"), test_cache_dir())
 
 
+def test_prebuild_needs_no_model_and_gives_the_build_prepare_uses(prepared, tmp_path):
+    engine, _target, p = prepared
+    from llamacpp_fixtures import test_cache_dir
+
+    b = engine.prebuild(tiny_target(tmp_path / "absent.gguf"), test_cache_dir())  # prepare refuses this target
+    assert b.root == p.handle.build.root and b.rebuilt == ""  # the same keyed build, found and re-hashed
+    assert b.tool(build.DUMPER).is_file()
+
+
 def test_binaries_changed_after_prepare_are_refused_before_use(prepared, tmp_path):
     engine, target, p = prepared
     b = p.handle.build

@@ -157,14 +157,12 @@ class LlamaCppEngine(Engine):
         t0 = time.monotonic()
         cache_dir = Path(cache_dir).expanduser()
         settings = run_settings(target)
-        pip_args = options(target).pip_args
         missing = [str(p) for p in (target.model_path, *target.shard_paths) if not Path(p).is_file()]
         if missing:  # before the expensive part
             raise InputError(f"target {target.target_id!r}: model file(s) not found: {', '.join(missing)}",
                              "generate or fetch the weights first (`scoreboard weights --help`)")
         plan = self._plan(target)
-        b = prepare_build(plan.reference, cache_dir, plan.device, plan.ref_id, progress,
-                          list(pip_args) if pip_args is not None else None, plan)
+        b = self._build(target, plan, cache_dir, progress)
         n_vocab = logits.gguf_vocab_size(Path(target.model_path))
         runs = (cache_dir / "llamacpp" / "runs").resolve()  # the tools run with cwd = the bin dir
         runs.mkdir(parents=True, exist_ok=True)
@@ -173,6 +171,18 @@ class LlamaCppEngine(Engine):
                  "build_dir": str(b.root), "prepare_s": round(time.monotonic() - t0, 3),
                  "build_durations_s": b.manifest.get("durations_s", {})}
         return Prepared(identity=self._identity(plan, b.manifest, settings), handle=handle, notes=notes)
+
+    def prebuild(self, target: EngineTarget, cache_dir: Path, progress: Progress | None = None) -> build.Build:
+        """The part of `prepare` that needs no model: the pin checked, then the build of the plan `prepare` uses
+        for `target` (cached and re-hashed, or built clean). A box can build while its weights are still being
+        generated; `prepare` then finds this build in the cache and re-hashes its binaries."""
+        return self._build(target, self._plan(target), Path(cache_dir).expanduser(), progress)
+
+    def _build(self, target: EngineTarget, plan: build.BuildPlan, cache_dir: Path,
+               progress: Progress | None) -> build.Build:
+        pip_args = options(target).pip_args
+        return prepare_build(plan.reference, cache_dir, plan.device, plan.ref_id, progress,
+                             list(pip_args) if pip_args is not None else None, plan)
 
     # ------------------------------------------------------------------------------------------
     def _handle(self, prepared: Prepared) -> LlamaCppHandle:
