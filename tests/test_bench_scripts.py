@@ -84,6 +84,34 @@ def test_poll_returns_when_the_job_is_gone(tmp_path: Path) -> None:
     assert out.stdout.splitlines()[0] == f"job {dead.pid} is not running and left no done file: it died"
 
 
+def test_a_poll_cut_off_mid_wait_has_already_brought_back_the_job_s_state(tmp_path: Path) -> None:
+    """The device kills a call at its limit: what the poll copied while it waited is what comes back."""
+    import time
+
+    work, out_dir = tmp_path / "work", tmp_path / "out"
+    work.mkdir(), out_dir.mkdir()
+    (work / "job.log").write_text("== round1 at 490 s\n")
+    with tarfile.open(work / "state.tgz", "w:gz") as tar:
+        tar.add(work / "job.log", arcname="rounds/r.json")
+    job = subprocess.Popen(["sleep", "120"])  # the job, still running
+    (work / "pid").write_text(f"{job.pid}\n")
+    poll = subprocess.Popen(["bash", str(POLL), str(out_dir), str(work), "600"], env={**os.environ, "EVERY": "1"},
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (out_dir / "logs.tgz").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.5)
+        os.killpg(poll.pid, 9)  # cut off, as at the device's limit: no end-of-poll copy
+        poll.wait()
+    finally:
+        job.kill(), job.wait()
+    assert (out_dir / "state.tgz").read_bytes() == (work / "state.tgz").read_bytes()
+    with tarfile.open(out_dir / "logs.tgz") as tar:
+        assert "./job.log" in tar.getnames()
+    assert not list(out_dir.glob(".*"))  # no half-written copy left under its final name or beside it
+
+
 LEASE = REPO / "bench" / "lease.sh"
 
 
