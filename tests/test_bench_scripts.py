@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -86,8 +87,6 @@ def test_poll_returns_when_the_job_is_gone(tmp_path: Path) -> None:
 
 def test_a_poll_cut_off_mid_wait_has_already_brought_back_the_job_s_state(tmp_path: Path) -> None:
     """The device kills a call at its limit: what the poll copied while it waited is what comes back."""
-    import time
-
     work, out_dir = tmp_path / "work", tmp_path / "out"
     work.mkdir(), out_dir.mkdir()
     (work / "job.log").write_text("== round1 at 490 s\n")
