@@ -40,7 +40,7 @@
 # engine tests (pytest from KIT/testwhl, installed into a directory of their own) and the depth profile (bench/h200_profile.py,
 # PROFILE_ARGS_BESIDE) of the engine at COMMIT, from a worktree of the clone: the GPU is idle during the build. The
 # profile is a diagnosis (in-process clock, no gate, no seal, the CPU shared with the build), never a result.
-# profile, sweep, diag, BESIDE and PROBE_TARGETS run this repository's engine at the job's commits outside the
+# profile, start, sweep, diag, BESIDE and PROBE_TARGETS run this repository's engine at the job's commits outside the
 # sandbox, as root, on the box that holds the signing key (a diagnosis, never a round): give the job only reviewed
 # commits of main, never a pull request's (a PR is scored by `scoreboard tier`, whose code runs sandboxed).
 # Default PHASES: "cal ladder wide profile"; WIDE_STEP=1 makes it "cal ladder wide widestep profile".

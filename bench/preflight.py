@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scoreboard import registry
+from scoreboard.errors import ScoreboardError
 from scoreboard.lockfile import load_lock
 from scoreboard.round import candidate as cand_mod
 from scoreboard.round.run import Round, RoundOptions, Sources, preflight
@@ -62,4 +63,8 @@ def main(target: str, renew: bool = False) -> int:
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--renew-reference-anchor"]
-    raise SystemExit(main(args[0] if args else "k3-mini-cpu", "--renew-reference-anchor" in sys.argv[1:]))
+    try:
+        raise SystemExit(main(args[0] if args else "k3-mini-cpu", "--renew-reference-anchor" in sys.argv[1:]))
+    except ScoreboardError as exc:  # bad input or a failed step: its message and the fix, exit 1, as the CLI does
+        print(f"error: {exc.message}" + (f"\n  fix: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None

@@ -35,3 +35,12 @@ def test_the_preflight_builds_the_reference_before_it_verifies_the_weights(tmp_p
     assert first("building reference llamacpp before the weights") < built < first("weight shard(s) of k3-mini")
     assert first("weight shard(s) of k3-mini") < first("preflight of k3-mini-cpu done")
     assert (cache / "weights" / "k3-mini").is_dir()  # the round's own preflight still verified (made) them
+
+
+def test_an_unknown_target_is_an_error_naming_it_and_the_fix(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "preflight.py"), "k3-nope"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SCOREBOARD_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 1
+    assert "error: unknown target 'k3-nope' in the lock" in out.stderr and "fix:" in out.stderr
+    assert "Traceback" not in out.stderr
