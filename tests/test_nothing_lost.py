@@ -358,10 +358,12 @@ def test_the_cli_prints_a_receipt_no_place_took_to_stderr(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["gate", "speed"])
-def test_ctrl_c_at_any_stage_leaves_no_receipt_no_reserve_no_scratch_and_no_mount(lock, tmp_path, stage):
+@pytest.mark.parametrize("stage,sig", [("gate", "SIGINT"), ("speed", "SIGINT"), ("speed", "SIGTERM")])
+def test_ctrl_c_at_any_stage_leaves_no_receipt_no_reserve_no_scratch_and_no_mount(lock, tmp_path, stage, sig):
     """Ctrl-C while the candidate's sandbox runs: exit 130, nothing sealed, the seal's reserve deleted, the round's
-    scratch (a tmpfs when root) unmounted and removed, no sandbox process left."""
+    scratch (a tmpfs when root) unmounted and removed, no sandbox process left. SIGTERM (`kill`, `timeout`, a CI
+    job cancelled) the same, exit 143: before scoreboard/cli/signals.py it ended the harness at once, and a root
+    round left its scratch tmpfs mounted."""
     import signal
     import time
 
@@ -389,10 +391,11 @@ def test_ctrl_c_at_any_stage_leaves_no_receipt_no_reserve_no_scratch_and_no_moun
     assert f"== {stage}" in seen, seen[-2000:]
     assert list(rounds.glob(f"{ready.RESERVE_PREFIX}*"))  # held while the round runs
     time.sleep(3)  # inside the stage: a worker is running in its sandbox
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 128 + getattr(signal, sig), err[-2000:]
     assert "nothing was sealed" in err
+    assert ("terminated (SIGTERM)" in err) == (sig == "SIGTERM"), err[-2000:]
     assert sorted(p.name for p in rounds.iterdir()) == before  # no receipt, ledger, reserve or unsealed copy
     assert list(tmp.iterdir()) == []
     assert str(tmp) not in Path("/proc/self/mountinfo").read_text()

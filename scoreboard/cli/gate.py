@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
+from . import signals
 from .console import console, err_console, print_json
 from .round import RichReporter, _cache_dir
 
@@ -62,10 +63,10 @@ def calibrate_cmd(
     reporter = RichReporter()
     try:
         outcome = run_calibration(opts, reporter)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (scoreboard/cli/signals.py)
         reporter.close()
-        err_console.print("[bold red]interrupted[/]: no calibration was recorded")
-        raise typer.Exit(130) from None
+        err_console.print(f"[bold red]{signals.what(exc)}[/]: no calibration was recorded")
+        raise typer.Exit(signals.exit_code(exc)) from None
     finally:
         reporter.close()
     if json_out:

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import ScoreboardError
+from . import signals
 from .console import err_console
 
 # (module, attribute): each module exposes either `app` (a typer group) registered under `name`,
@@ -100,7 +101,13 @@ _register()
 
 
 def run() -> None:
-    """Console-script entry: domain errors -> message + hint + exit code (1 error, 2 non-compliant)."""
+    """Console-script entry: domain errors -> message + hint + exit code (1 error, 2 non-compliant); SIGTERM and
+    SIGHUP end a command as Ctrl-C does (scoreboard/cli/signals.py)."""
+    with signals.installed():
+        _run()
+
+
+def _run() -> None:
     try:
         rc = app(standalone_mode=False)  # click returns (not raises) typer.Exit's code in this mode
         if isinstance(rc, int) and rc:
@@ -112,9 +119,9 @@ def run() -> None:
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched")
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        err_console.print(f"[bold red]{signals.what(exc)}[/]: nothing was sealed; the lock is untouched")
+        sys.exit(signals.exit_code(exc))
     except Exception as exc:  # click usage errors (typer may vendor click as typer._click)
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()

@@ -15,6 +15,7 @@ from ..cache import cache_dir
 from ..errors import InputError
 from ..history.seal import SIGNING_KEY_ENV
 from ..history.receipt import EnvironmentRec, Receipt
+from . import signals
 from .console import console, err_console, print_json
 from .progress import RichReporter  # noqa: F401  (gate.py and the tests take it from here)
 
@@ -105,11 +106,11 @@ def _run_with_progress(opts: Any) -> Any:
         else:  # no place could take it: stderr is where it survives (the error says so)
             print(json.dumps(exc.receipt, indent=1, sort_keys=True, default=str), file=sys.stderr, flush=True)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (scoreboard/cli/signals.py)
         reporter.close()
-        err_console.print("[bold red]interrupted[/]: nothing was sealed; the lock is untouched "
+        err_console.print(f"[bold red]{signals.what(exc)}[/]: nothing was sealed; the lock is untouched "
                           f"(next: `scoreboard round run --target {opts.target}` again)")
-        raise typer.Exit(130) from None
+        raise typer.Exit(signals.exit_code(exc)) from None
     finally:
         reporter.close()  # a live progress bar must not swallow the interrupt/error message
 
