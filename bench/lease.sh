@@ -6,14 +6,33 @@
 # BUILD_FIRST, ...) plus BASE and STEPS (commits in KIT/sb.bundle, as hashes: the clone has no local branches but
 # main). The job starts under setsid, as h200_ladder.sh asks; poll it with bench/h200_poll.sh WORK.
 # A card without a plan file stops here, with nothing started.
-# usage (on the box, in the repository's root): bash bench/lease.sh KIT WORK
+# BUDGET_S, when given, is the device time the lease may still spend (the `status` budget less the machine's
+# start): a kit may carry cheaper plans beside the full one, KIT/plan.<card>.<anything>, each declaring the device
+# time it needs as a line NEEDS_S=<seconds>; the lease runs the plan of the card that needs the most within the
+# budget (a plan without NEEDS_S needs 0), and without a budget plan.<card> itself. So a lease that comes after
+# failed starts runs what still fits (a diagnosis rather than a round cut off in its speed stage), with no plan
+# edited by hand between calls.
+# usage (on the box, in the repository's root): bash bench/lease.sh KIT WORK [BUDGET_S]
 set -u
-[ $# -eq 2 ] || { echo "usage: bash $0 KIT WORK" >&2; exit 1; }
+[ $# -eq 2 ] || [ $# -eq 3 ] || { echo "usage: bash $0 KIT WORK [BUDGET_S]" >&2; exit 1; }
 KIT=$(cd "$1" && pwd) || exit 1
 WORK=$2
+BUDGET=${3:-}
+case "$BUDGET" in ''|*[!0-9]*) [ -z "$BUDGET" ] || { echo "BUDGET_S must be whole seconds, not '$BUDGET'" >&2; exit 1; };; esac
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 card=$(echo "$name" | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
 plan="$KIT/plan.$card"
+needs() { local n; n=$(grep -E '^NEEDS_S=[0-9]+$' "$1" | tail -1 | cut -d= -f2); echo "${n:-0}"; }
+if [ -n "$card" ] && [ -n "$BUDGET" ]; then
+  best=-1
+  for f in "$KIT/plan.$card" "$KIT/plan.$card".*; do
+    [ -f "$f" ] || continue
+    n=$(needs "$f")
+    if [ "$n" -le "$BUDGET" ] && [ "$n" -gt "$best" ]; then best=$n; plan=$f; fi
+  done
+  [ "$best" -ge 0 ] || { echo "no plan for this card fits the budget of $BUDGET s ($KIT/plan.$card*: NEEDS_S): nothing started" >&2; exit 1; }
+  echo "budget ${BUDGET} s: the plan that needs the most within it needs ${best} s"
+fi
 echo "card: ${name:-none} -> plan $plan"
 [ -n "$card" ] && [ -f "$plan" ] || { echo "no plan for this card ($plan): nothing started; carry one (bench/lease.sh's header)" >&2; exit 1; }
 BASE= STEPS=

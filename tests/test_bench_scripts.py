@@ -154,6 +154,42 @@ def test_lease_without_a_plan_for_the_card_starts_nothing(tmp_path: Path) -> Non
     assert not work.exists()
 
 
+def _job_log(work: Path) -> list[str]:
+    for _ in range(100):  # the job runs detached (setsid): wait for its log
+        log = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+        if "PHASES=" in log:
+            return log.splitlines()
+        subprocess.run(["sleep", "0.1"])
+    return []
+
+
+@pytest.mark.parametrize("budget,phases", [("1400", "round start"), ("1300", "round start"), ("1299", "start"),
+                                           ("10", "verify"), ("", "round start")])
+def test_lease_runs_the_plan_of_its_card_that_needs_the_most_within_the_budget(tmp_path: Path, budget, phases):
+    lease, env = _lease_box(tmp_path, "NVIDIA H100 80GB HBM3")
+    kit, work = tmp_path / "kit", tmp_path / "work"
+    kit.mkdir()
+    (kit / "plan.h100").write_text('PHASES="round start"\nGPU_TARGET=t\nBASE=cccc\nNEEDS_S=1300\n')
+    (kit / "plan.h100.diag").write_text('PHASES="start"\nGPU_TARGET=t\nBASE=cccc\nNEEDS_S=500\n')
+    (kit / "plan.h100.least").write_text('PHASES="verify"\nGPU_TARGET=t\nBASE=cccc\n')  # needs 0
+    (kit / "plan.h200.diag").write_text('PHASES="cal"\nGPU_TARGET=u\nBASE=aaaa\nNEEDS_S=1\n')  # another card's
+    out = bash([str(lease), str(kit), str(work)] + ([budget] if budget else []), env)
+    assert out.returncode == 0, out.stderr
+    assert _job_log(work) == [f"args: {work} {kit} cccc", f"PHASES={phases} GPU_TARGET=t"]
+
+
+def test_lease_refuses_a_budget_no_plan_fits_or_that_is_not_seconds(tmp_path: Path) -> None:
+    lease, env = _lease_box(tmp_path, "NVIDIA H100 80GB HBM3")
+    kit, work = tmp_path / "kit", tmp_path / "work"
+    kit.mkdir()
+    (kit / "plan.h100").write_text('PHASES="round"\nBASE=cccc\nNEEDS_S=900\n')
+    out = bash([str(lease), str(kit), str(work), "600"], env)
+    assert out.returncode == 1 and "no plan for this card fits the budget of 600 s" in out.stderr
+    out = bash([str(lease), str(kit), str(work), "10m"], env)
+    assert out.returncode == 1 and "BUDGET_S must be whole seconds, not '10m'" in out.stderr
+    assert not work.exists()
+
+
 def _replan(work: Path) -> subprocess.CompletedProcess:
     """The ladder's replan function alone (cut out of the script), run on a plan of PHASES="round" and no STEPS."""
     fn = subprocess.run(["sed", "-n", "/^replan() {/,/^}/p", str(LADDER)], capture_output=True, text=True).stdout
