@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import os, signal, sys, time
 from scoreboard.cli import signals
-caught = signals.install()
-print("ready", ",".join(signal.Signals(s).name for s in caught), flush=True)
 try:
+    caught = signals.install()
+    print("ready", ",".join(signal.Signals(s).name for s in caught), flush=True)  # inside: the signal may come next
     time.sleep(60)
 except KeyboardInterrupt as exc:
     try:
