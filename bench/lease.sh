@@ -22,15 +22,22 @@ case "$BUDGET" in ''|*[!0-9]*) [ -z "$BUDGET" ] || { echo "BUDGET_S must be whol
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 card=$(echo "$name" | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
 plan="$KIT/plan.$card"
-needs() { local n; n=$(grep -E '^NEEDS_S=[0-9]+$' "$1" | tail -1 | cut -d= -f2); echo "${n:-0}"; }
+needs() {  # a plan's NEEDS_S (0 without one); a line that is not whole seconds is refused, never read as 0
+  local n
+  if grep -E '^NEEDS_S=' "$1" | grep -qvE '^NEEDS_S=[0-9]+$'; then
+    echo "$1: NEEDS_S must be whole seconds (NEEDS_S=900), not '$(grep -E '^NEEDS_S=' "$1" | grep -vE '^NEEDS_S=[0-9]+$' | head -1)'" >&2
+    return 1
+  fi
+  n=$(grep -E '^NEEDS_S=' "$1" | tail -1 | cut -d= -f2); echo "${n:-0}"
+}
 if [ -n "$card" ] && [ -n "$BUDGET" ]; then
   best=-1
   for f in "$KIT/plan.$card" "$KIT/plan.$card".*; do
     [ -f "$f" ] || continue
-    n=$(needs "$f")
+    n=$(needs "$f") || { echo "nothing started: correct that line of $f" >&2; exit 1; }
     if [ "$n" -le "$BUDGET" ] && [ "$n" -gt "$best" ]; then best=$n; plan=$f; fi
   done
-  [ "$best" -ge 0 ] || { echo "no plan for this card fits the budget of $BUDGET s ($KIT/plan.$card*: NEEDS_S): nothing started" >&2; exit 1; }
+  [ "$best" -ge 0 ] || { echo "no plan for this card fits the budget of $BUDGET s ($KIT/plan.$card*: NEEDS_S): nothing started; carry a plan.$card.<name> with a smaller NEEDS_S (a \`start\` or \`diag\` phase alone), or lease when more device time is left" >&2; exit 1; }
   echo "budget ${BUDGET} s: the plan that needs the most within it needs ${best} s"
 fi
 echo "card: ${name:-none} -> plan $plan"

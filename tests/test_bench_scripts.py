@@ -125,6 +125,15 @@ def _lease_box(tmp_path: Path, card: str) -> tuple[Path, dict[str, str]]:
     return bench / "lease.sh", {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
+def _job_log(work: Path) -> list[str]:
+    for _ in range(100):  # the job runs detached (setsid): wait for its log
+        log = (work / "job.log").read_text() if (work / "job.log").exists() else ""
+        if "PHASES=" in log:
+            return log.splitlines()
+        subprocess.run(["sleep", "0.1"])
+    return []
+
+
 def test_lease_runs_the_plan_of_the_card_it_got(tmp_path: Path) -> None:
     lease, env = _lease_box(tmp_path, "NVIDIA H100 80GB HBM3")
     kit, work = tmp_path / "kit", tmp_path / "work"
@@ -134,13 +143,8 @@ def test_lease_runs_the_plan_of_the_card_it_got(tmp_path: Path) -> None:
     out = bash([str(lease), str(kit), str(work)], env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"card: NVIDIA H100 80GB HBM3 -> plan {kit}/plan.h100\n")
-    for _ in range(100):  # the job runs detached (setsid): wait for its log
-        log = (work / "job.log").read_text() if (work / "job.log").exists() else ""
-        if "PHASES=" in log:
-            break
-        subprocess.run(["sleep", "0.1"])
-    assert log.splitlines() == [f"args: {work} {kit} cccc dddd eeee",
-                                "PHASES=calext round GPU_TARGET=k3-gpu-long-h100"]
+    assert _job_log(work) == [f"args: {work} {kit} cccc dddd eeee",
+                              "PHASES=calext round GPU_TARGET=k3-gpu-long-h100"]
 
 
 def test_lease_without_a_plan_for_the_card_starts_nothing(tmp_path: Path) -> None:
@@ -152,15 +156,6 @@ def test_lease_without_a_plan_for_the_card_starts_nothing(tmp_path: Path) -> Non
     assert out.returncode == 1
     assert f"no plan for this card ({kit}/plan.a100-sxm4-80gb)" in out.stderr
     assert not work.exists()
-
-
-def _job_log(work: Path) -> list[str]:
-    for _ in range(100):  # the job runs detached (setsid): wait for its log
-        log = (work / "job.log").read_text() if (work / "job.log").exists() else ""
-        if "PHASES=" in log:
-            return log.splitlines()
-        subprocess.run(["sleep", "0.1"])
-    return []
 
 
 @pytest.mark.parametrize("budget,phases", [("1400", "round start"), ("1300", "round start"), ("1299", "start"),
@@ -187,6 +182,9 @@ def test_lease_refuses_a_budget_no_plan_fits_or_that_is_not_seconds(tmp_path: Pa
     assert out.returncode == 1 and "no plan for this card fits the budget of 600 s" in out.stderr
     out = bash([str(lease), str(kit), str(work), "10m"], env)
     assert out.returncode == 1 and "BUDGET_S must be whole seconds, not '10m'" in out.stderr
+    (kit / "plan.h100.diag").write_text('PHASES="start"\nBASE=cccc\nNEEDS_S=10m\n')  # not read as 0, i.e. free
+    out = bash([str(lease), str(kit), str(work), "1000"], env)
+    assert out.returncode == 1 and f"{kit}/plan.h100.diag: NEEDS_S must be whole seconds" in out.stderr
     assert not work.exists()
 
 
