@@ -135,9 +135,29 @@ def _place(key: str, arr: np.ndarray, ttype: str, device: str, dtype: torch.dtyp
     """A vector -> float32 tensor; a matrix -> Mat in the compute dtype (router: float32)."""
     t = torch.from_numpy(arr).to(device)  # moved in its stored width (half the bytes for F16), cast there
     if key in VECTORS:
-        return t.to(torch.float32)
+        return aligned(t.to(torch.float32))
     act = VEC_DOT.get(ttype) if dtype == torch.float32 else None
-    return Mat(t.to(torch.float32 if key in F32_MATS else dtype), act)
+    return Mat(aligned(t.to(torch.float32 if key in F32_MATS else dtype)), act)
+
+
+ALIGN = 64  # bytes: torch's CPU allocator's alignment, and the one MKL's AVX-512 kernels need for reproducible sums
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor whose storage starts on a 64-byte boundary: a copy into torch's own allocation where numpy's
+    was not.
+
+    On the CPU, ``torch.from_numpy(...).to("cpu")`` keeps numpy's buffer, which malloc places at 16-byte
+    granularity, and where depends on the process's heap history (PYTHONHASHSEED alone moved 7 to 30 of
+    k3-mini's 112 weight tensors between offsets 0/16/32/48 mod 64, measured 2026-12-07). MKL's sgemm takes
+    alignment-dependent paths (Intel's "conditional numerical reproducibility": align inputs to 64 bytes): on
+    the developer machine a [700, 1024] x [1024, 513] product differed in its low bits at every offset from 1 to
+    15 floats. Through the f16 latent cache a last-bit difference can flip one rounding, so the same gate prompt
+    read KL 1.2e-11 and then 1.2e-6 at depth 1024 in CI (2026-12-07): above the ratchet's floor (1e-6), enough to
+    fail a round by its ratchet. Device tensors are the allocator's own already."""
+    if t.device.type != "cpu" or t.data_ptr() % ALIGN == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _layout_layer(cfg: Any, il: int, lw: dict[str, Any]) -> None:
