@@ -212,3 +212,37 @@ def test_a_replan_written_during_the_build_replaces_the_phases(tmp_path: Path, t
     assert out.stdout.splitlines()[-1] == want
     if text and "wdie" in text:
         assert "replan: unknown phase 'wdie'; the plan stands" in out.stdout
+
+
+MAKE_KIT = REPO / "bench" / "make_kit.sh"
+
+
+def test_make_kit_writes_every_plan_at_the_base_and_the_lease_picks_by_budget(tmp_path: Path) -> None:
+    """The kit's plans come from bench/plans/ with BASE filled in; the lease then runs the lent card's plan that
+    needs the most within the budget (a budget after failed starts gets the diagnosis, not a cut-off round)."""
+    kit = tmp_path / "kit"
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = bash([str(MAKE_KIT), "--plans-only", str(kit), head])
+    assert out.returncode == 0, out.stderr
+    templates = sorted(p.name for p in (REPO / "bench" / "plans").glob("plan.*"))
+    assert {"plan.h100", "plan.h100.diag", "plan.h200", "plan.h200.diag"} <= set(templates)
+    assert sorted(p.name for p in kit.glob("plan.*")) == templates
+    for name in templates:
+        text = (kit / name).read_text()
+        assert f"\nBASE={head}\n" in text and "@BASE@" not in text, name
+    assert (kit / "first.sh").read_bytes() == (REPO / "bench" / "first.sh").read_bytes()
+    lease, env = _lease_box(tmp_path, "NVIDIA H100 80GB HBM3")
+    for budget, want in (("2000", 'PHASES=round start GPU_TARGET=k3-wide-long-h100'),
+                         ("600", 'PHASES=start GPU_TARGET=k3-wide-long-h100')):
+        work = tmp_path / f"work-{budget}"
+        r = bash([str(lease), str(kit), str(work), budget], env)
+        assert r.returncode == 0, r.stderr
+        assert _job_log(work) == [f"args: {work} {kit} {head}", want]
+
+
+def test_make_kit_refuses_a_base_that_is_not_a_commit_of_main(tmp_path: Path) -> None:
+    kit = tmp_path / "kit"
+    out = bash([str(MAKE_KIT), "--plans-only", str(kit), "no-such-commit"])
+    assert out.returncode == 1 and "BASE 'no-such-commit' is not a commit of" in out.stderr
+    assert not kit.exists()
