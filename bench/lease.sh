@@ -23,12 +23,11 @@ name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 card=$(echo "$name" | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
 plan="$KIT/plan.$card"
 needs() {  # a plan's NEEDS_S (0 without one); a line that is not whole seconds is refused, never read as 0
-  local n
-  if grep -E '^NEEDS_S=' "$1" | grep -qvE '^NEEDS_S=[0-9]+$'; then
-    echo "$1: NEEDS_S must be whole seconds (NEEDS_S=900), not '$(grep -E '^NEEDS_S=' "$1" | grep -vE '^NEEDS_S=[0-9]+$' | head -1)'" >&2
-    return 1
-  fi
-  n=$(grep -E '^NEEDS_S=' "$1" | tail -1 | cut -d= -f2); echo "${n:-0}"
+  local lines bad
+  lines=$(grep -E '^NEEDS_S=' "$1")
+  bad=$(echo "$lines" | grep -vE '^(NEEDS_S=[0-9]+)?$' | head -1)
+  [ -z "$bad" ] || { echo "$1: NEEDS_S must be whole seconds (NEEDS_S=900), not '$bad'" >&2; return 1; }
+  lines=$(echo "$lines" | tail -1); echo "${lines#NEEDS_S=}" | sed 's/^$/0/'
 }
 if [ -n "$card" ] && [ -n "$BUDGET" ]; then
   best=-1

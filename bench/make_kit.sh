@@ -27,16 +27,21 @@ git -C "$HERE" merge-base --is-ancestor "$BASE" "$MAIN" ||
   { echo "BASE $BASE is not on $MAIN: the kit's bundle carries main only; merge it first or name one of main's commits" >&2; exit 1; }
 BASE=$(git -C "$HERE" rev-parse --short=7 "$BASE")
 REF_ID=${REF_ID:-llama-cpp-python-0-3-36}
+for p in "$HERE"/bench/plans/plan.*; do  # every template checked before anything is written
+  grep -q '^BASE=@BASE@$' "$p" || { echo "$p: no line BASE=@BASE@ to fill; nothing written" >&2; exit 1; }
+done
 mkdir -p "$KIT"
 KIT=$(cd "$KIT" && pwd)
-
-for p in "$HERE"/bench/plans/plan.*; do
-  sed "s/^BASE=@BASE@$/BASE=$BASE/" "$p" > "$KIT/$(basename "$p")"
-  grep -q "^BASE=$BASE$" "$KIT/$(basename "$p")" || { echo "$p: no line BASE=@BASE@ to fill" >&2; exit 1; }
-done
-install -m 644 "$HERE/bench/first.sh" "$KIT/first.sh"
-echo "plans at BASE $BASE: $(cd "$KIT" && echo plan.*)"
-[ "$PLANS_ONLY" = 1 ] && exit 0
+plans() {  # the plans and first.sh, written last: a kit whose wheels, reference or bundle failed has no plan, so
+  # bench/lease.sh starts nothing with it ("no plan for this card")
+  local p
+  for p in "$HERE"/bench/plans/plan.*; do sed "s/^BASE=@BASE@$/BASE=$BASE/" "$p" > "$KIT/$(basename "$p")"; done
+  install -m 644 "$HERE/bench/first.sh" "$KIT/first.sh"
+  echo "plans at BASE $BASE: $(cd "$KIT" && echo plan.*)"
+}
+[ "$PLANS_ONLY" = 1 ] && { plans; exit 0; }
+[ "$MAIN" = main ] || { echo "no local branch main in $HERE: the box clones the bundle's main (git branch main <commit>)" >&2; exit 1; }
+rm -f "$KIT"/plan.* "$KIT/first.sh"  # an earlier kit's plans would name an earlier BASE
 
 echo "== wheels for the box's Python (cp312, manylinux x86_64)"
 mkdir -p "$KIT/whl"
@@ -61,18 +66,22 @@ else
 fi
 
 echo "== this repository's main as a bundle"
-[ "$MAIN" = main ] || { echo "no local branch main in $HERE: the box clones the bundle's main (git branch main <commit>)" >&2; exit 1; }
 git -C "$HERE" bundle create "$KIT/sb.bundle" main 2>&1 | tail -1
 
 if [ -f "$KIT/signing.key" ]; then
   echo "signing key: $KIT/signing.key (its public key must be pinned in reference.lock at BASE: scoreboard signer list)"
 else
+  # made outside every checkout (`signer new` refuses a path inside one), then copied into the kit to be carried
+  key="$HOME/.config/scoreboard/lease-$(date -u +%Y%m%d).key"
   cat <<EOF
 no $KIT/signing.key: every round of this kit is refused at its seal; diagnoses (start, profile, sweep, diag) still run.
-To seal, make a key and pin it by a reviewed commit, then run this again (the bundle must hold the pin):
-  scoreboard signer new $KIT/signing.key
-  scoreboard signer pin --id h200-lease-<n> --public-key $KIT/signing.key.pub --note "kept in the ignored kit"
-  git commit -m "signers: pin the lease key" reference.lock && bash bench/make_kit.sh $KIT
+To seal, make a key outside the checkout, pin it by a reviewed commit, carry it, and run this again (the bundle must
+hold the pin):
+  scoreboard signer new $key
+  scoreboard signer pin --id h200-lease-<n> --public-key $key.pub --note "kept at $key, carried in the ignored kit"
+  git commit -m "signers: pin the lease key" reference.lock
+  install -m 600 $key $KIT/signing.key && bash bench/make_kit.sh $KIT
 EOF
 fi
+plans
 du -sh "$KIT" | sed 's/\t.*/ in all (a run carries 64 MiB at most)/'

@@ -246,3 +246,22 @@ def test_make_kit_refuses_a_base_that_is_not_a_commit_of_main(tmp_path: Path) ->
     out = bash([str(MAKE_KIT), "--plans-only", str(kit), "no-such-commit"])
     assert out.returncode == 1 and "BASE 'no-such-commit' is not a commit of" in out.stderr
     assert not kit.exists()
+
+
+def test_make_kit_refuses_a_plan_template_without_its_base_line_and_writes_nothing(tmp_path: Path) -> None:
+    """A template whose BASE line cannot be filled would send a lease to whatever BASE it names: refused by path,
+    before the kit's directory exists."""
+    repo = tmp_path / "repo"
+    (repo / "bench" / "plans").mkdir(parents=True)
+    (repo / "bench" / "make_kit.sh").write_bytes(MAKE_KIT.read_bytes())
+    (repo / "bench" / "first.sh").write_text("exit 0\n")
+    (repo / "bench" / "plans" / "plan.h100").write_text('PHASES="round"\nBASE=@BASE@\nNEEDS_S=900\n')
+    (repo / "bench" / "plans" / "plan.h100.diag").write_text('PHASES="start"\nBASE=1234567\nNEEDS_S=400\n')
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"],
+                ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "plans"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, capture_output=True)
+    kit = tmp_path / "kit"
+    out = bash([str(repo / "bench" / "make_kit.sh"), "--plans-only", str(kit)])
+    assert out.returncode == 1
+    assert f"{repo}/bench/plans/plan.h100.diag: no line BASE=@BASE@ to fill; nothing written" in out.stderr
+    assert not kit.exists()

@@ -108,11 +108,9 @@ def test_same_seed_reproduces_the_gate(lock, tmp_path, monkeypatch):
     moved_sides = [k for k in ("reference", "candidate") if sides[0][k] != sides[1][k]]
     # Everything but the KL statistics is bit for bit: the prompt, the rows, top-1, the verdict. The KL statistics may
     # move in bits far below the bar: CI read the same prompt's KL at depth 64 as 8.9e-9 and then 3.7e-10 nats
-    # (2026-12-05), and at depth 1024 as 1.2e-11 and then 1.2e-6 (2026-12-07, above the ratchet's floor). The cause
-    # found: sparkinfer's CPU weights stayed in numpy's buffers, whose offset mod 64 bytes moved with the heap's
-    # history (PYTHONHASHSEED), and MKL's sums depend on it; an f16 cache rounding turns a last-bit difference into
-    # that much KL. The loader now aligns them (engines/sparkinfer/weights.py `aligned`, tested in
-    # test_sparkinfer_model.py); the tolerance stays for what no test has yet shown. Every kl_* field, at any level (the depths, the decode
+    # (2026-12-05), and at depth 1024 as 1.2e-11 and then 1.2e-6 (2026-12-07, above the ratchet's floor): the cause
+    # found and fixed is in docs/engines.md ("The same prompt, the same logits, run to run"); the tolerance stays for
+    # what no test has yet shown. Every kl_* field, at any level (the depths, the decode
     # path's rows), must be present in both and agree within 1e-7 nats: 1e-4 of k3-mini-cpu's kl_max (1e-3), a
     # tenth of its ratchet floor (1e-6), so no difference this loose could change a gate's pass or its ratchet.
     kl_tol = 1e-7

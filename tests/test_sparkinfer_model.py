@@ -353,12 +353,12 @@ def _cpu_tensors(o: object, depth: int = 0) -> list[torch.Tensor]:
     return []
 
 
-def test_every_cpu_weight_starts_on_a_64_byte_boundary_whatever_the_heap(mini, tmp_path):
+def test_every_cpu_weight_starts_on_a_64_byte_boundary_whatever_the_heap(mini):
     """A CPU weight left in numpy's buffer sat at 0/16/32/48 bytes mod 64 by the heap's history (PYTHONHASHSEED
     moved it), and MKL's sums depend on that alignment: the same gate prompt read KL 1.2e-11 and then 1.2e-6 at
     one depth in CI. Every weight the loader hands the model starts on a 64-byte boundary, here and in fresh
     processes with other hash seeds (without `weights.aligned`, about 3 in 4 tensors miss it)."""
-    _cfg, weights, _types = mini
+    cfg, weights, _types = mini
     ts = _cpu_tensors(weights)
     assert len(ts) > 50
     assert [t.data_ptr() % 64 for t in ts if t.data_ptr() % 64] == []
@@ -369,7 +369,7 @@ def test_every_cpu_weight_starts_on_a_64_byte_boundary_whatever_the_heap(mini, t
               "print(sum(t.data_ptr() % 64 != 0 for t in _cpu_tensors(w)), len(_cpu_tensors(w)))")
     root = Path(__file__).resolve().parent.parent
     for seed in ("1", "2", "3"):
-        out = subprocess.run([sys.executable, "-c", script, str(_cfg.shards[0])], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", script, str(cfg.shards[0])], capture_output=True, text=True,
                              cwd=root, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)},
                              timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
